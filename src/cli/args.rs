@@ -1,0 +1,202 @@
+//! The command line contract (see README "CLI").
+
+use clap::{Args, Parser, Subcommand};
+use uuid::Uuid;
+
+use crate::cli::parse;
+use jobledger::domain::{ErrorClass, ExpiryPolicy, ReceiptPolicy, ReceiptStatus};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "jobledger",
+    version,
+    about = "An event-sourced ledger for background jobs"
+)]
+pub struct Cli {
+    /// PostgreSQL URL.
+    #[arg(long, env = "DATABASE_URL", default_value = jobledger::ledger::DEFAULT_DATABASE_URL, global = true)]
+    pub database_url: String,
+    /// Largest accepted payload/result/observation, canonical JSON bytes.
+    #[arg(long, env = "JOBLEDGER_MAX_PAYLOAD", default_value_t = 1024 * 1024, global = true)]
+    pub max_payload_bytes: usize,
+    #[command(subcommand)]
+    pub command: Cmd,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct FenceArgs {
+    /// Job id.
+    pub job: Uuid,
+    #[arg(long)]
+    pub epoch: i64,
+    #[arg(long)]
+    pub token: i64,
+    /// Who is writing (recorded as the event's actor).
+    #[arg(long, default_value = "cli")]
+    pub worker: String,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Cmd {
+    /// Create the database if missing and apply migrations.
+    Migrate,
+    /// Enqueue a job (idempotent on --key within the queue).
+    Enqueue {
+        #[arg(long)]
+        queue: String,
+        #[arg(long)]
+        kind: String,
+        #[arg(long)]
+        key: Option<String>,
+        /// JSON, @FILE or @- (stdin).
+        #[arg(long, default_value = "{}")]
+        payload: String,
+        #[arg(long, value_parser = parse::duration, conflicts_with = "run_at")]
+        delay: Option<std::time::Duration>,
+        #[arg(long, value_parser = parse::time)]
+        run_at: Option<chrono::DateTime<chrono::Utc>>,
+        /// Lower runs first.
+        #[arg(long, default_value_t = 0)]
+        priority: i16,
+        #[arg(long, default_value_t = 5)]
+        max_attempts: i32,
+        #[arg(long, value_parser = parse::duration, default_value = "1s")]
+        backoff_base: std::time::Duration,
+        #[arg(long, value_parser = parse::duration, default_value = "5m")]
+        backoff_cap: std::time::Duration,
+        #[arg(long, value_parser = parse::expiry_policy, default_value = "reconcile")]
+        on_lease_expiry: ExpiryPolicy,
+        #[arg(long, value_parser = parse::duration, default_value = "1h")]
+        receipt_timeout: std::time::Duration,
+        #[arg(long, value_parser = parse::receipt_policy, default_value = "dead")]
+        on_receipt_timeout: ReceiptPolicy,
+    },
+    /// Claim due jobs (and take over expired leases under the reconcile policy).
+    Claim {
+        #[arg(long)]
+        queue: String,
+        #[arg(long)]
+        worker: String,
+        #[arg(long, value_parser = parse::lease, default_value = "30s")]
+        lease: std::time::Duration,
+        #[arg(long, default_value_t = 1)]
+        limit: i64,
+    },
+    /// Extend the lease.
+    Heartbeat {
+        #[command(flatten)]
+        fence: FenceArgs,
+        #[arg(long, value_parser = parse::lease, default_value = "30s")]
+        lease: std::time::Duration,
+    },
+    /// Record step progress (a step boundary).
+    Progress {
+        #[command(flatten)]
+        fence: FenceArgs,
+        #[arg(long)]
+        step: String,
+        #[arg(long, value_parser = parse::lease)]
+        lease: Option<std::time::Duration>,
+    },
+    /// Complete with an optional result.
+    Complete {
+        #[command(flatten)]
+        fence: FenceArgs,
+        /// JSON, @FILE or @- (stdin).
+        #[arg(long)]
+        result: Option<String>,
+    },
+    /// Report a failure.
+    Fail {
+        #[command(flatten)]
+        fence: FenceArgs,
+        #[arg(long, value_parser = parse::error_class)]
+        class: ErrorClass,
+        #[arg(long)]
+        code: String,
+        #[arg(long)]
+        message: Option<String>,
+    },
+    /// Submitted outside: wait for a receipt.
+    Submit {
+        #[command(flatten)]
+        fence: FenceArgs,
+        #[arg(long)]
+        receipt: String,
+    },
+    /// Confirm a requested cancel at a step boundary.
+    ConfirmCancel {
+        #[command(flatten)]
+        fence: FenceArgs,
+    },
+    /// Resolve a receipt.
+    Receipt {
+        job: Uuid,
+        #[arg(long)]
+        receipt: String,
+        #[arg(long, value_parser = parse::receipt_status)]
+        status: ReceiptStatus,
+    },
+    /// Record an observation (any worker, deduplicated by key).
+    Observe {
+        job: Uuid,
+        #[arg(long)]
+        key: String,
+        /// JSON, @FILE or @- (stdin).
+        #[arg(long, default_value = "{}")]
+        data: String,
+        #[arg(long, requires = "token")]
+        epoch: Option<i64>,
+        #[arg(long, requires = "epoch")]
+        token: Option<i64>,
+        #[arg(long, default_value = "cli")]
+        worker: String,
+    },
+    /// Cancel a job (harmless to repeat).
+    Cancel {
+        job: Uuid,
+        #[arg(long)]
+        reason: Option<String>,
+    },
+    /// Operator replay of a dead job, or of a batch by reason code and time range.
+    Replay {
+        #[arg(required_unless_present = "reason_code", conflicts_with_all = ["reason_code", "since", "until"])]
+        job: Option<Uuid>,
+        #[arg(long, requires_all = ["since", "until"])]
+        reason_code: Option<String>,
+        #[arg(long, value_parser = parse::time)]
+        since: Option<chrono::DateTime<chrono::Utc>>,
+        #[arg(long, value_parser = parse::time)]
+        until: Option<chrono::DateTime<chrono::Utc>>,
+        #[arg(long)]
+        operator: String,
+        #[arg(long)]
+        reason: String,
+    },
+    /// One pass of lease-expiry policies and receipt deadlines.
+    Sweep,
+    /// Purge terminal jobs older than DUR (tombstones kept, events kept).
+    Purge {
+        #[arg(long, value_parser = parse::duration)]
+        older_than: std::time::Duration,
+    },
+    /// Show a job's current state.
+    Show { job: Uuid },
+    /// A job's timeline from the log.
+    History {
+        job: Uuid,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Recompute hashes and replay the log against the projection.
+    Verify { job: Option<Uuid> },
+    /// Counts of jobs by state.
+    Stats,
+    /// The main job end to end: enqueue, work, stall, take over, reconcile.
+    Demo {
+        #[arg(long, default_value_t = 300)]
+        jobs: usize,
+        #[arg(long, default_value_t = 4)]
+        workers: usize,
+    },
+}

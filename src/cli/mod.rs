@@ -1,0 +1,5 @@
+pub mod args;
+pub mod demo;
+pub mod output;
+pub mod parse;
+pub mod run;

@@ -1,0 +1,243 @@
+//! Runs one CLI command against the ledger.
+
+use anyhow::{Context, Result};
+use serde_json::json;
+use std::time::Duration;
+
+use super::args::{Cli, Cmd, FenceArgs};
+use super::output::{self, job_json, line, outcome_code, write_json, BadInput};
+use super::parse::json_arg;
+use jobledger::domain::{digest::fmt_time, Fence, NewJob, NextAction, Policy};
+use jobledger::ledger::{Found, Lease, Ledger, Limits, WriteResult};
+
+fn ms(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+async fn connect(cli: &Cli) -> Result<Ledger> {
+    let limits = Limits {
+        max_payload_bytes: cli.max_payload_bytes,
+        ..Limits::default()
+    };
+    let ledger = Ledger::connect(&cli.database_url, 4)
+        .await
+        .with_context(|| format!("cannot reach the database at {}", redact(&cli.database_url)))?;
+    // Applying migrations at start-up is idempotent and cheap once applied.
+    ledger
+        .migrate()
+        .await
+        .context("applying migrations (run `jobledger migrate` first?)")?;
+    Ok(ledger.with_limits(limits))
+}
+
+fn redact(url: &str) -> String {
+    match url::Url::parse(url) {
+        Ok(mut u) if u.password().is_some() => {
+            let _ = u.set_password(Some("***"));
+            u.to_string()
+        }
+        _ => url.to_string(),
+    }
+}
+
+fn lease_of(ledger: &Ledger, f: &FenceArgs) -> Lease {
+    Lease::resume(ledger.clone(), f.job, f.epoch, f.token, f.worker.clone())
+}
+
+fn written(r: &WriteResult) -> i32 {
+    line(&write_json(r));
+    outcome_code(r.outcome)
+}
+
+fn json_input(flag: &str, raw: &str, cli: &Cli) -> Result<serde_json::Value> {
+    json_arg(flag, raw, cli.max_payload_bytes).map_err(|e| BadInput(e).into())
+}
+
+pub async fn run(cli: Cli) -> Result<i32> {
+    if let Cmd::Migrate = cli.command {
+        let created = jobledger::store::schema::create_database_if_missing(
+            &jobledger::ledger::connect_options(&cli.database_url)?,
+        )
+        .await
+        .with_context(|| format!("cannot reach the database at {}", redact(&cli.database_url)))?;
+        connect(&cli).await?;
+        line(&json!({ "migrated": true, "database_created": created }));
+        return Ok(output::OK);
+    }
+    if let Cmd::Demo { jobs, workers } = cli.command {
+        return super::demo::run(&cli.database_url, jobs, workers).await;
+    }
+    let ledger = connect(&cli).await?;
+    match &cli.command {
+        Cmd::Migrate | Cmd::Demo { .. } => unreachable!("handled above"),
+        Cmd::Enqueue {
+            queue,
+            kind,
+            key,
+            payload,
+            delay,
+            run_at,
+            priority,
+            max_attempts,
+            backoff_base,
+            backoff_cap,
+            on_lease_expiry,
+            receipt_timeout,
+            on_receipt_timeout,
+        } => {
+            let new = NewJob {
+                queue: queue.clone(),
+                kind: kind.clone(),
+                job_key: key.clone(),
+                payload: json_input("--payload", payload, &cli)?,
+                priority: *priority,
+                run_at: *run_at,
+                delay_ms: delay.map(ms),
+                policy: Policy {
+                    max_attempts: *max_attempts,
+                    backoff_base_ms: ms(*backoff_base),
+                    backoff_cap_ms: ms(*backoff_cap),
+                    on_lease_expiry: *on_lease_expiry,
+                    receipt_timeout_ms: ms(*receipt_timeout),
+                    on_receipt_timeout: *on_receipt_timeout,
+                },
+                next_action: NextAction::Execute,
+            };
+            let e = ledger.enqueue(new).await?;
+            line(&json!({
+                "job_id": e.job.job_id, "epoch": e.job.epoch, "token": e.job.token,
+                "state": e.job.state, "created": e.created, "position": e.position,
+            }));
+            Ok(output::OK)
+        }
+        Cmd::Claim {
+            queue,
+            worker,
+            lease,
+            limit,
+        } => {
+            for l in ledger.claim(queue, worker, *lease, *limit).await? {
+                let j = l.job().expect("claimed leases carry their job");
+                line(&json!({
+                    "job_id": j.job_id, "epoch": j.epoch, "token": j.token, "attempt": j.attempt,
+                    "next_action": j.next_action, "queue": j.queue, "kind": j.kind, "key": j.job_key,
+                    "payload": j.payload, "lease_until": j.lease_until.map(fmt_time), "step": j.step,
+                }));
+            }
+            Ok(output::OK)
+        }
+        Cmd::Heartbeat { fence, lease } => Ok(written(&lease_of(&ledger, fence).heartbeat(*lease).await?)),
+        Cmd::Progress { fence, step, lease } => {
+            Ok(written(&lease_of(&ledger, fence).progress(step, *lease).await?))
+        }
+        Cmd::Complete { fence, result } => {
+            let result = result
+                .as_deref()
+                .map(|r| json_input("--result", r, &cli))
+                .transpose()?;
+            Ok(written(&lease_of(&ledger, fence).complete(result).await?))
+        }
+        Cmd::Fail {
+            fence,
+            class,
+            code,
+            message,
+        } => Ok(written(
+            &lease_of(&ledger, fence)
+                .fail(*class, code, message.as_deref())
+                .await?,
+        )),
+        Cmd::Submit { fence, receipt } => Ok(written(&lease_of(&ledger, fence).submit(receipt).await?)),
+        Cmd::ConfirmCancel { fence } => Ok(written(&lease_of(&ledger, fence).confirm_cancel().await?)),
+        Cmd::Receipt { job, receipt, status } => Ok(written(&ledger.receipt(*job, receipt, *status).await?)),
+        Cmd::Observe {
+            job,
+            key,
+            data,
+            epoch,
+            token,
+            worker,
+        } => {
+            let fence = epoch.zip(*token).map(|(epoch, token)| Fence { epoch, token });
+            let data = json_input("--data", data, &cli)?;
+            Ok(written(&ledger.observe(*job, fence, key, data, worker).await?))
+        }
+        Cmd::Cancel { job, reason } => Ok(written(&ledger.cancel(*job, reason.as_deref()).await?)),
+        Cmd::Replay {
+            job: Some(job),
+            operator,
+            reason,
+            ..
+        } => Ok(written(&ledger.replay(*job, operator, reason).await?)),
+        Cmd::Replay {
+            job: None,
+            reason_code,
+            since,
+            until,
+            operator,
+            reason,
+        } => {
+            let (Some(code), Some(since), Some(until)) = (reason_code, since, until) else {
+                return Err(BadInput("batch replay needs --reason-code, --since and --until".into()).into());
+            };
+            let mut worst = output::OK;
+            for r in ledger
+                .replay_batch(code, *since, *until, operator, reason)
+                .await?
+            {
+                worst = worst.max(written(&r));
+            }
+            Ok(worst)
+        }
+        Cmd::Sweep => {
+            let changed = ledger.sweep(500).await?;
+            for r in &changed {
+                line(&write_json(r));
+            }
+            eprintln!("sweep: {} job(s) changed", changed.len());
+            Ok(output::OK)
+        }
+        Cmd::Purge { older_than } => {
+            let n = ledger.purge(*older_than, 500).await?;
+            line(&json!({ "purged": n }));
+            Ok(output::OK)
+        }
+        Cmd::Show { job } => {
+            match ledger.show(*job).await? {
+                Found::Live(j) => line(&job_json(&j)),
+                Found::Purged(t) => line(&json!({
+                    "job_id": t.job_id, "state": t.state, "purged": true, "purged_at": fmt_time(t.purged_at),
+                    "queue": t.queue, "key": t.job_key, "epoch": t.epoch, "token": t.token, "version": t.version,
+                })),
+            }
+            Ok(output::OK)
+        }
+        Cmd::History { job, json } => {
+            for h in ledger.history(*job).await? {
+                if *json {
+                    line(&serde_json::to_value(&h)?);
+                } else {
+                    println!("{}", super::demo::history_line(&h));
+                }
+            }
+            Ok(output::OK)
+        }
+        Cmd::Verify { job } => {
+            let report = ledger.verify(*job).await?;
+            for p in &report.problems {
+                line(&json!({ "problem": p }));
+            }
+            line(
+                &json!({ "ok": report.ok(), "jobs": report.jobs, "events": report.events,
+                          "problems": report.problems.len() }),
+            );
+            Ok(if report.ok() { output::OK } else { output::FAILURE })
+        }
+        Cmd::Stats => {
+            for (state, n) in ledger.counts_by_state().await? {
+                line(&json!({ "state": state, "jobs": n }));
+            }
+            Ok(output::OK)
+        }
+    }
+}

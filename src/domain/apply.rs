@@ -1,0 +1,295 @@
+//! Folding events into the projection. `verify` replays the log through this.
+
+use thiserror::Error;
+
+use super::decide::next_action_after;
+use super::event::{Event, EventBody};
+use super::model::{ErrorClass, Job, JobState, LastError, NextAction, ReceiptStatus, Release, ReleaseOp};
+use JobState::*;
+
+#[derive(Debug, Error, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ApplyError {
+    #[error("the first event must be `enqueued`, found `{0}`")]
+    MissingEnqueue(&'static str),
+    #[error("`enqueued` may only be the first event")]
+    EnqueueNotFirst,
+    #[error("version {got} follows version {expected_prev}")]
+    VersionGap { expected_prev: i64, got: i64 },
+    #[error("event says from {event}, job was {job}")]
+    FromState { event: String, job: String },
+    #[error("event belongs to epoch {event}, job has epoch {job}")]
+    Epoch { event: i64, job: i64 },
+    #[error("event belongs to another job")]
+    JobId,
+    #[error("no edge `{kind}` from {from} to {to}")]
+    IllegalEdge {
+        kind: &'static str,
+        from: String,
+        to: String,
+    },
+    #[error("chain broken: prev_hash does not match the previous event's hash")]
+    Chain,
+}
+
+/// Every edge of the state machine: (event type, from, to). The diagram in
+/// docs/state-machine.md is this table.
+pub fn edge_allowed(body: &EventBody, from: JobState, to: JobState) -> bool {
+    match body {
+        EventBody::Enqueued { .. } => false,
+        EventBody::Claimed { .. } => (from, to) == (Queued, Leased),
+        EventBody::TakenOver { .. } => from.is_held() && to == from,
+        EventBody::LeaseExtended { .. } | EventBody::Progressed { .. } => (from, to) == (Leased, Leased),
+        EventBody::Succeeded { .. } => from.is_held() && to == Succeeded,
+        EventBody::Submitted { .. } => from.is_held() && to == AwaitingReceipt,
+        EventBody::Failed { .. } => matches!(
+            (from, to),
+            (Leased, Queued) | (Leased, Dead) | (CancelRequested, Cancelled) | (CancelRequested, Dead)
+        ),
+        EventBody::CancelRequested { .. } => (from, to) == (Leased, CancelRequested),
+        EventBody::Cancelled { .. } => (from, to) == (Queued, Cancelled),
+        EventBody::CancelConfirmed { .. } => (from, to) == (CancelRequested, Cancelled),
+        EventBody::CancelRefused { .. } => (from, to) == (AwaitingReceipt, AwaitingReceipt),
+        EventBody::ReceiptResolved { .. } => {
+            from == AwaitingReceipt && matches!(to, Succeeded | Queued | Dead | AwaitingReceipt)
+        }
+        EventBody::ReceiptTimedOut { .. } => from == AwaitingReceipt && matches!(to, Dead | Queued),
+        EventBody::LeaseExpired { .. } => matches!(
+            (from, to),
+            (Leased, Queued) | (Leased, Dead) | (CancelRequested, Cancelled) | (CancelRequested, Dead)
+        ),
+        EventBody::Released { .. } => matches!((from, to), (Leased, Queued) | (CancelRequested, Cancelled)),
+        EventBody::Snoozed { .. } => (from, to) == (Leased, Queued),
+        EventBody::Replayed { .. } => (from, to) == (Dead, Queued),
+        EventBody::Observed { .. } => from == to,
+        EventBody::Purged {} => from.is_terminal() && from == to,
+    }
+}
+
+/// The projection after `ev`. Checks that the event continues the job's
+/// stream (version, epoch, from-state, chain) and is a legal edge.
+pub fn apply(job: Option<&Job>, ev: &Event) -> Result<Job, ApplyError> {
+    let Some(prev) = job else { return first(ev) };
+    if let EventBody::Enqueued { .. } = ev.body {
+        return Err(ApplyError::EnqueueNotFirst);
+    }
+    if ev.job_id != prev.job_id {
+        return Err(ApplyError::JobId);
+    }
+    if ev.version != prev.version + 1 {
+        return Err(ApplyError::VersionGap {
+            expected_prev: prev.version,
+            got: ev.version,
+        });
+    }
+    if ev.epoch != prev.epoch {
+        return Err(ApplyError::Epoch {
+            event: ev.epoch,
+            job: prev.epoch,
+        });
+    }
+    if ev.from_state != Some(prev.state) {
+        return Err(ApplyError::FromState {
+            event: ev.from_state.map_or("-".into(), |s| s.to_string()),
+            job: prev.state.to_string(),
+        });
+    }
+    if ev.prev_hash.as_deref() != Some(prev.last_hash.as_str()) {
+        return Err(ApplyError::Chain);
+    }
+    if !edge_allowed(&ev.body, prev.state, ev.to_state) {
+        return Err(ApplyError::IllegalEdge {
+            kind: ev.body.type_name(),
+            from: prev.state.to_string(),
+            to: ev.to_state.to_string(),
+        });
+    }
+    let mut j = prev.clone();
+    j.token = ev.token;
+    j.attempt = ev.attempt;
+    j.run = ev.run;
+    j.state = ev.to_state;
+    j.reason = ev.reason;
+    j.updated_at = ev.recorded_at;
+    j.version = ev.version;
+    j.last_hash = ev.hash.clone();
+    let release = |op, digest: &String| {
+        Some(Release {
+            token: ev.token,
+            op,
+            digest: digest.clone(),
+        })
+    };
+    let error = |code: &str, message: Option<String>| {
+        Some(LastError {
+            class: ev.error_class.unwrap_or(ErrorClass::Transient),
+            code: code.to_string(),
+            message,
+        })
+    };
+    if ev.to_state == Queued {
+        j.next_action = next_action_after(&ev.body, j.next_action);
+    }
+    match &ev.body {
+        EventBody::Enqueued { .. } => unreachable!("checked above"),
+        EventBody::Claimed {
+            holder,
+            lease_until,
+            next_action,
+        } => {
+            j.holder = Some(holder.clone());
+            j.lease_until = Some(*lease_until);
+            j.next_action = *next_action;
+            j.receipt_id = None;
+            j.receipt_deadline = None;
+        }
+        EventBody::TakenOver {
+            holder, lease_until, ..
+        } => {
+            j.holder = Some(holder.clone());
+            j.lease_until = Some(*lease_until);
+            j.next_action = NextAction::Reconcile;
+        }
+        EventBody::LeaseExtended { lease_until } => j.lease_until = Some(*lease_until),
+        EventBody::Progressed { step, lease_until } => {
+            j.step = Some(step.clone());
+            if let Some(until) = lease_until {
+                j.lease_until = Some(*until);
+            }
+        }
+        EventBody::Succeeded { result, digest } => {
+            j.result = result.clone();
+            j.release = release(ReleaseOp::Complete, digest);
+            unlease(&mut j);
+        }
+        EventBody::Submitted {
+            receipt_id,
+            receipt_deadline,
+            digest,
+        } => {
+            j.receipt_id = Some(receipt_id.clone());
+            j.receipt_deadline = Some(*receipt_deadline);
+            j.release = release(ReleaseOp::Submit, digest);
+            unlease(&mut j);
+        }
+        EventBody::Failed {
+            code,
+            message,
+            digest,
+            run_at,
+            ..
+        } => {
+            j.last_error = error(code, message.clone());
+            j.release = release(ReleaseOp::Fail, digest);
+            if let Some(at) = run_at {
+                j.run_at = *at;
+            }
+            unlease(&mut j);
+        }
+        EventBody::CancelRequested { .. } | EventBody::CancelRefused { .. } | EventBody::Observed { .. } => {}
+        EventBody::Cancelled { .. } | EventBody::Purged {} => {}
+        EventBody::CancelConfirmed { digest } => {
+            j.release = release(ReleaseOp::ConfirmCancel, digest);
+            unlease(&mut j);
+        }
+        EventBody::ReceiptResolved { status, run_at, .. } => {
+            if *status != ReceiptStatus::Pending {
+                j.receipt_deadline = None;
+            }
+            if *status == ReceiptStatus::Failed {
+                j.last_error = error("receipt_failed", None);
+            }
+            if let Some(at) = run_at {
+                j.run_at = *at;
+            }
+        }
+        EventBody::ReceiptTimedOut { .. } => {
+            j.receipt_deadline = None;
+            j.last_error = error("receipt_timeout", None);
+            j.run_at = ev.recorded_at;
+        }
+        EventBody::LeaseExpired { .. } => {
+            j.last_error = error("lease_expired", None);
+            j.run_at = ev.recorded_at;
+            unlease(&mut j);
+        }
+        EventBody::Released { digest } => {
+            j.release = release(ReleaseOp::Release, digest);
+            j.run_at = ev.recorded_at;
+            unlease(&mut j);
+        }
+        EventBody::Snoozed { run_at, digest } => {
+            j.release = release(ReleaseOp::Snooze, digest);
+            j.run_at = *run_at;
+            unlease(&mut j);
+        }
+        EventBody::Replayed { .. } => {
+            j.run_at = ev.recorded_at;
+            j.result = None;
+            j.receipt_id = None;
+            j.receipt_deadline = None;
+            unlease(&mut j);
+        }
+    }
+    Ok(j)
+}
+
+fn unlease(j: &mut Job) {
+    j.lease_until = None;
+    j.holder = None;
+}
+
+fn first(ev: &Event) -> Result<Job, ApplyError> {
+    let EventBody::Enqueued {
+        queue,
+        kind,
+        job_key,
+        payload,
+        payload_digest,
+        priority,
+        run_at,
+        policy,
+    } = &ev.body
+    else {
+        return Err(ApplyError::MissingEnqueue(ev.body.type_name()));
+    };
+    if ev.version != 1 {
+        return Err(ApplyError::VersionGap {
+            expected_prev: 0,
+            got: ev.version,
+        });
+    }
+    if ev.prev_hash.is_some() {
+        return Err(ApplyError::Chain);
+    }
+    Ok(Job {
+        job_id: ev.job_id,
+        queue: queue.clone(),
+        kind: kind.clone(),
+        job_key: job_key.clone(),
+        epoch: ev.epoch,
+        token: ev.token,
+        run: ev.run,
+        attempt: ev.attempt,
+        state: ev.to_state,
+        priority: *priority,
+        payload: payload.clone(),
+        payload_digest: payload_digest.clone(),
+        policy: policy.clone(),
+        run_at: *run_at,
+        lease_until: None,
+        holder: None,
+        next_action: NextAction::Execute,
+        step: None,
+        receipt_id: None,
+        receipt_deadline: None,
+        result: None,
+        release: None,
+        last_error: None,
+        reason: ev.reason,
+        created_at: ev.recorded_at,
+        updated_at: ev.recorded_at,
+        version: 1,
+        last_hash: ev.hash.clone(),
+    })
+}

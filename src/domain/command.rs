@@ -1,0 +1,150 @@
+//! What callers ask for, and the ways the ledger can say no.
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::model::{wire_enum, ErrorClass, NextAction, Policy, ReceiptStatus};
+
+/// The generation a writer claims to act for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Fence {
+    pub epoch: i64,
+    pub token: i64,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum Command {
+    /// Claim a due queued job, or take over an expired lease (reconcile policy).
+    Claim {
+        holder: String,
+        lease_ms: i64,
+    },
+    Heartbeat {
+        fence: Fence,
+        lease_ms: i64,
+    },
+    Progress {
+        fence: Fence,
+        step: String,
+        lease_ms: Option<i64>,
+    },
+    Complete {
+        fence: Fence,
+        result: Option<Value>,
+    },
+    Submit {
+        fence: Fence,
+        receipt_id: String,
+    },
+    Fail {
+        fence: Fence,
+        class: ErrorClass,
+        code: String,
+        message: Option<String>,
+    },
+    ConfirmCancel {
+        fence: Fence,
+    },
+    /// Give back a lease whose work never started (graceful shutdown): the
+    /// attempt is not burned.
+    Release {
+        fence: Fence,
+    },
+    Snooze {
+        fence: Fence,
+        delay_ms: i64,
+    },
+    /// `existing` is the digest of an observation already recorded under `key`
+    /// (looked up by the store under the job's row lock).
+    Observe {
+        fence: Option<Fence>,
+        key: String,
+        data: Value,
+        existing: Option<String>,
+    },
+    Cancel {
+        note: Option<String>,
+    },
+    Receipt {
+        receipt_id: String,
+        status: ReceiptStatus,
+    },
+    Replay {
+        operator: String,
+        note: String,
+    },
+    /// The sweeper: lease-expiry policies other than reconcile, exhausted
+    /// leases, and receipt deadlines.
+    Expire,
+    Purge,
+}
+
+/// A new job as the caller describes it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NewJob {
+    pub queue: String,
+    pub kind: String,
+    pub job_key: Option<String>,
+    pub payload: Value,
+    pub priority: i16,
+    /// `None` means now (by the database clock).
+    pub run_at: Option<DateTime<Utc>>,
+    pub delay_ms: Option<i64>,
+    pub policy: Policy,
+    pub next_action: NextAction,
+}
+
+/// Facts from outside the pure function: the database clock, who acts, and a
+/// random sample for jitter (so `decide` itself stays deterministic).
+#[derive(Clone, Debug)]
+pub struct Ctx {
+    pub now: DateTime<Utc>,
+    pub actor: String,
+    pub jitter: f64,
+}
+
+wire_enum!(
+    /// The answer to every fenced write. Exactly one applies.
+    Outcome {
+        Committed => "committed",
+        AlreadyCommitted => "already_committed",
+        Conflict => "conflict",
+        Stale => "stale",
+        InvalidTransition => "invalid_transition",
+    }
+);
+
+/// Why `decide` produced no event. Nothing is written for a rejection.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Rejection {
+    pub outcome: Outcome,
+    pub detail: String,
+}
+
+impl Rejection {
+    pub fn already_committed(detail: impl Into<String>) -> Self {
+        Rejection {
+            outcome: Outcome::AlreadyCommitted,
+            detail: detail.into(),
+        }
+    }
+    pub fn conflict(detail: impl Into<String>) -> Self {
+        Rejection {
+            outcome: Outcome::Conflict,
+            detail: detail.into(),
+        }
+    }
+    pub fn stale(detail: impl Into<String>) -> Self {
+        Rejection {
+            outcome: Outcome::Stale,
+            detail: detail.into(),
+        }
+    }
+    pub fn invalid(detail: impl Into<String>) -> Self {
+        Rejection {
+            outcome: Outcome::InvalidTransition,
+            detail: detail.into(),
+        }
+    }
+}

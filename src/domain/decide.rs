@@ -1,0 +1,599 @@
+//! The pure transition function: given the job as it is and what a caller
+//! asks, either the one event that records the change, or why not.
+
+use chrono::Duration;
+use serde_json::{json, Value};
+use uuid::Uuid;
+
+use super::command::{Command, Ctx, Fence, NewJob, Rejection};
+use super::digest::{digest, event_hash, fmt_time, to_micros};
+use super::event::{Event, EventBody};
+use super::model::{
+    ErrorClass, ExpiryPolicy, Job, JobState, NextAction, ReceiptPolicy, ReceiptStatus, Release, ReleaseOp,
+};
+use super::reason::Reason;
+
+/// An event before it is numbered and hashed.
+struct Draft {
+    body: EventBody,
+    to: JobState,
+    reason: Reason,
+    error_class: Option<ErrorClass>,
+    token: i64,
+    attempt: i32,
+    run: i32,
+}
+
+fn draft(job: &Job, body: EventBody, to: JobState, reason: Reason) -> Draft {
+    Draft {
+        body,
+        to,
+        reason,
+        error_class: None,
+        token: job.token,
+        attempt: job.attempt,
+        run: job.run,
+    }
+}
+
+fn seal(job: &Job, d: Draft, ctx: &Ctx) -> Event {
+    let mut ev = Event {
+        job_id: job.job_id,
+        version: job.version + 1,
+        epoch: job.epoch,
+        token: d.token,
+        attempt: d.attempt,
+        run: d.run,
+        from_state: Some(job.state),
+        to_state: d.to,
+        reason: d.reason,
+        error_class: d.error_class,
+        actor: ctx.actor.clone(),
+        recorded_at: to_micros(ctx.now),
+        body: d.body,
+        prev_hash: Some(job.last_hash.clone()),
+        hash: String::new(),
+    };
+    ev.hash = event_hash(&ev);
+    ev
+}
+
+fn later(ctx: &Ctx, ms: i64) -> chrono::DateTime<chrono::Utc> {
+    to_micros(ctx.now + Duration::milliseconds(ms.max(0)))
+}
+
+/// The first event of a job.
+pub fn decide_enqueue(job_id: Uuid, epoch: i64, new: &NewJob, ctx: &Ctx) -> Event {
+    let run_at = match (new.run_at, new.delay_ms) {
+        (Some(at), _) => to_micros(at),
+        (None, Some(ms)) => later(ctx, ms),
+        (None, None) => to_micros(ctx.now),
+    };
+    let mut ev = Event {
+        job_id,
+        version: 1,
+        epoch,
+        token: 0,
+        attempt: 0,
+        run: 0,
+        from_state: None,
+        to_state: JobState::Queued,
+        reason: Reason::New,
+        error_class: None,
+        actor: ctx.actor.clone(),
+        recorded_at: to_micros(ctx.now),
+        body: EventBody::Enqueued {
+            queue: new.queue.clone(),
+            kind: new.kind.clone(),
+            job_key: new.job_key.clone(),
+            payload: new.payload.clone(),
+            payload_digest: digest(&new.payload),
+            priority: new.priority,
+            run_at,
+            policy: new.policy.clone(),
+        },
+        prev_hash: None,
+        hash: String::new(),
+    };
+    ev.hash = event_hash(&ev);
+    ev
+}
+
+/// Whose turn it is, as far as a fenced writer is concerned.
+enum Tenure<'a> {
+    Holding,
+    Released(&'a Release),
+}
+
+fn tenure(job: &Job, fence: Fence) -> Result<Tenure<'_>, Rejection> {
+    if fence.epoch != job.epoch {
+        return Err(Rejection::stale(format!(
+            "epoch {} is not this job's lifecycle (epoch {})",
+            fence.epoch, job.epoch
+        )));
+    }
+    if fence.token == job.token && job.state.is_held() {
+        return Ok(Tenure::Holding);
+    }
+    if let Some(r) = job.release.as_ref().filter(|r| r.token == fence.token) {
+        return Ok(Tenure::Released(r));
+    }
+    Err(if fence.token > job.token {
+        Rejection::stale(format!(
+            "token {} was never issued (current {})",
+            fence.token, job.token
+        ))
+    } else if fence.token < job.token {
+        Rejection::stale(format!(
+            "token {} was superseded by token {}",
+            fence.token, job.token
+        ))
+    } else {
+        Rejection::stale(format!(
+            "token {} no longer holds the job (now {})",
+            fence.token, job.state
+        ))
+    })
+}
+
+/// A retried token-ending write: the same op and digest is the lost-response
+/// case; anything else is a different result for the same token.
+fn retried(r: &Release, op: ReleaseOp, digest: &str) -> Rejection {
+    if r.op == op && r.digest == digest {
+        Rejection::already_committed(format!("token {} already committed this {}", r.token, op))
+    } else {
+        Rejection::conflict(format!(
+            "token {} already committed a different result ({} {})",
+            r.token, r.op, r.digest
+        ))
+    }
+}
+
+/// Checks the fence for a write that ends the token's tenure.
+fn holding_for(job: &Job, fence: Fence, op: ReleaseOp, digest: &str) -> Result<(), Rejection> {
+    match tenure(job, fence)? {
+        Tenure::Holding => Ok(()),
+        Tenure::Released(r) => Err(retried(r, op, digest)),
+    }
+}
+
+/// Checks the fence for a write made while working (heartbeat, progress).
+fn holding_leased(job: &Job, fence: Fence) -> Result<(), Rejection> {
+    match tenure(job, fence)? {
+        Tenure::Released(r) => Err(Rejection::invalid(format!(
+            "token {} already ended its lease ({})",
+            r.token, r.op
+        ))),
+        Tenure::Holding if job.state == JobState::CancelRequested => Err(Rejection::invalid(
+            "cancel requested: stop at the next step boundary and confirm-cancel",
+        )),
+        Tenure::Holding => Ok(()),
+    }
+}
+
+fn release_digest(op: ReleaseOp, value: Value) -> String {
+    digest(&json!({ "op": op.as_str(), "value": value }))
+}
+
+pub fn decide(job: &Job, cmd: &Command, ctx: &Ctx) -> Result<Event, Rejection> {
+    let d = match cmd {
+        Command::Claim { holder, lease_ms } => claim(job, holder, *lease_ms, ctx)?,
+        Command::Heartbeat { fence, lease_ms } => {
+            holding_leased(job, *fence)?;
+            let body = EventBody::LeaseExtended {
+                lease_until: later(ctx, *lease_ms),
+            };
+            draft(job, body, job.state, Reason::LeaseExtended)
+        }
+        Command::Progress {
+            fence,
+            step,
+            lease_ms,
+        } => {
+            holding_leased(job, *fence)?;
+            let body = EventBody::Progressed {
+                step: step.clone(),
+                lease_until: lease_ms.map(|ms| later(ctx, ms)),
+            };
+            draft(job, body, job.state, Reason::StepProgress)
+        }
+        Command::Complete { fence, result } => {
+            let dg = release_digest(ReleaseOp::Complete, result.clone().unwrap_or(Value::Null));
+            holding_for(job, *fence, ReleaseOp::Complete, &dg)?;
+            let reason = after_cancel(job, Reason::Completed);
+            draft(
+                job,
+                EventBody::Succeeded {
+                    result: result.clone(),
+                    digest: dg,
+                },
+                JobState::Succeeded,
+                reason,
+            )
+        }
+        Command::Submit { fence, receipt_id } => {
+            let dg = release_digest(ReleaseOp::Submit, json!(receipt_id));
+            holding_for(job, *fence, ReleaseOp::Submit, &dg)?;
+            let body = EventBody::Submitted {
+                receipt_id: receipt_id.clone(),
+                receipt_deadline: later(ctx, job.policy.receipt_timeout_ms),
+                digest: dg,
+            };
+            draft(
+                job,
+                body,
+                JobState::AwaitingReceipt,
+                after_cancel(job, Reason::Submitted),
+            )
+        }
+        Command::Fail {
+            fence,
+            class,
+            code,
+            message,
+        } => fail(job, *fence, *class, code, message, ctx)?,
+        Command::ConfirmCancel { fence } => {
+            let dg = release_digest(ReleaseOp::ConfirmCancel, Value::Null);
+            holding_for(job, *fence, ReleaseOp::ConfirmCancel, &dg)?;
+            if job.state != JobState::CancelRequested {
+                return Err(Rejection::invalid("no cancel was requested"));
+            }
+            draft(
+                job,
+                EventBody::CancelConfirmed { digest: dg },
+                JobState::Cancelled,
+                Reason::CancelConfirmed,
+            )
+        }
+        Command::Release { fence } => {
+            let dg = release_digest(ReleaseOp::Release, Value::Null);
+            holding_for(job, *fence, ReleaseOp::Release, &dg)?;
+            let body = EventBody::Released { digest: dg };
+            let mut d = if job.state == JobState::CancelRequested {
+                draft(job, body, JobState::Cancelled, Reason::CancelledBeforeStart)
+            } else {
+                draft(job, body, JobState::Queued, Reason::ReleasedUnstarted)
+            };
+            d.attempt = (job.attempt - 1).max(0);
+            d
+        }
+        Command::Snooze { fence, delay_ms } => {
+            let dg = release_digest(ReleaseOp::Snooze, json!(delay_ms));
+            holding_for(job, *fence, ReleaseOp::Snooze, &dg)?;
+            if job.state != JobState::Leased {
+                return Err(Rejection::invalid("cancel requested: a snooze would outlive it"));
+            }
+            let body = EventBody::Snoozed {
+                run_at: later(ctx, *delay_ms),
+                digest: dg,
+            };
+            let mut d = draft(job, body, JobState::Queued, Reason::Snoozed);
+            d.attempt = (job.attempt - 1).max(0);
+            d
+        }
+        Command::Observe {
+            fence,
+            key,
+            data,
+            existing,
+        } => {
+            if let Some(f) = fence.filter(|f| f.epoch != job.epoch) {
+                return Err(Rejection::stale(format!(
+                    "epoch {} is not this job's lifecycle",
+                    f.epoch
+                )));
+            }
+            let dg = digest(data);
+            match existing {
+                Some(e) if *e == dg => {
+                    return Err(Rejection::already_committed(format!(
+                        "observation {key} already recorded"
+                    )))
+                }
+                Some(_) => {
+                    return Err(Rejection::conflict(format!(
+                        "observation {key} was recorded with different data"
+                    )))
+                }
+                None => {}
+            }
+            let body = EventBody::Observed {
+                key: key.clone(),
+                data: data.clone(),
+                digest: dg,
+                by_epoch: fence.map(|f| f.epoch),
+                by_token: fence.map(|f| f.token),
+            };
+            draft(job, body, job.state, Reason::Observation)
+        }
+        Command::Cancel { note } => cancel(job, note)?,
+        Command::Receipt { receipt_id, status } => receipt(job, receipt_id, *status, ctx)?,
+        Command::Replay { operator, note } => {
+            if job.state != JobState::Dead {
+                return Err(Rejection::invalid(format!(
+                    "only dead jobs are replayed (job is {})",
+                    job.state
+                )));
+            }
+            let body = EventBody::Replayed {
+                operator: operator.clone(),
+                note: note.clone(),
+            };
+            let mut d = draft(job, body, JobState::Queued, Reason::ReplayedByOperator);
+            d.run = job.run + 1;
+            d.attempt = 0;
+            d
+        }
+        Command::Expire => expire(job, ctx)?,
+        Command::Purge => {
+            if !job.state.is_terminal() {
+                return Err(Rejection::invalid(format!(
+                    "only terminal jobs are purged (job is {})",
+                    job.state
+                )));
+            }
+            draft(job, EventBody::Purged {}, job.state, Reason::Purged)
+        }
+    };
+    Ok(seal(job, d, ctx))
+}
+
+/// A holder that finishes after a cancel was requested says so in the reason.
+fn after_cancel(job: &Job, normal: Reason) -> Reason {
+    if job.state == JobState::CancelRequested {
+        Reason::CancelAfterSubmit
+    } else {
+        normal
+    }
+}
+
+fn claim(job: &Job, holder: &str, lease_ms: i64, ctx: &Ctx) -> Result<Draft, Rejection> {
+    let lease_until = later(ctx, lease_ms);
+    match job.state {
+        JobState::Queued => {
+            if job.run_at > ctx.now {
+                return Err(Rejection::invalid(format!(
+                    "not due before {}",
+                    fmt_time(job.run_at)
+                )));
+            }
+            let body = EventBody::Claimed {
+                holder: holder.to_string(),
+                lease_until,
+                next_action: job.next_action,
+            };
+            let mut d = draft(job, body, JobState::Leased, Reason::Claimed);
+            d.token += 1;
+            d.attempt += 1;
+            Ok(d)
+        }
+        s if s.is_held() => {
+            expired_lease(job, ctx)?;
+            if job.policy.on_lease_expiry != ExpiryPolicy::Reconcile {
+                return Err(Rejection::invalid(format!(
+                    "expired lease under policy {} is the sweeper's",
+                    job.policy.on_lease_expiry
+                )));
+            }
+            if let Some(d) = exhausted_on_expiry(job) {
+                return Ok(d);
+            }
+            let body = EventBody::TakenOver {
+                holder: holder.to_string(),
+                previous_holder: job.holder.clone(),
+                lease_until,
+            };
+            let mut d = draft(job, body, job.state, Reason::LeaseExpiredTakeover);
+            d.token += 1;
+            d.attempt += 1;
+            Ok(d)
+        }
+        s => Err(Rejection::invalid(format!("a {s} job cannot be claimed"))),
+    }
+}
+
+fn expired_lease(job: &Job, ctx: &Ctx) -> Result<(), Rejection> {
+    match job.lease_until {
+        Some(until) if until > ctx.now => Err(Rejection::invalid(format!(
+            "lease held until {}",
+            fmt_time(until)
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// A lease that expired on the last allowed attempt ends the job: a job that
+/// keeps killing its workers must not be retried forever.
+fn exhausted_on_expiry(job: &Job) -> Option<Draft> {
+    if job.attempt < job.policy.max_attempts {
+        return None;
+    }
+    let body = EventBody::LeaseExpired {
+        previous_holder: job.holder.clone(),
+    };
+    let mut d = draft(job, body, JobState::Dead, Reason::AttemptsExhausted);
+    d.error_class = Some(ErrorClass::Transient);
+    Some(d)
+}
+
+fn fail(
+    job: &Job,
+    fence: Fence,
+    class: ErrorClass,
+    code: &str,
+    message: &Option<String>,
+    ctx: &Ctx,
+) -> Result<Draft, Rejection> {
+    let dg = release_digest(ReleaseOp::Fail, json!({ "class": class.as_str(), "code": code }));
+    holding_for(job, fence, ReleaseOp::Fail, &dg)?;
+    let retry_at = later(ctx, job.policy.backoff_ms(job.attempt, ctx.jitter));
+    let (to, reason, run_at) = match class {
+        ErrorClass::Permanent => (JobState::Dead, Reason::PermanentError, None),
+        ErrorClass::Transient if job.state == JobState::CancelRequested => {
+            (JobState::Cancelled, Reason::CancelledAfterFailure, None)
+        }
+        ErrorClass::Transient if job.attempt >= job.policy.max_attempts => {
+            (JobState::Dead, Reason::AttemptsExhausted, None)
+        }
+        ErrorClass::Transient => (JobState::Queued, Reason::RetryScheduled, Some(retry_at)),
+    };
+    let body = EventBody::Failed {
+        code: code.to_string(),
+        message: message.clone(),
+        digest: dg,
+        run_at,
+        // A reconcile that failed must still reconcile next time: the outside
+        // world may have acted on the first execution.
+        next_action: job.next_action,
+    };
+    let mut d = draft(job, body, to, reason);
+    d.error_class = Some(class);
+    Ok(d)
+}
+
+fn cancel(job: &Job, note: &Option<String>) -> Result<Draft, Rejection> {
+    match job.state {
+        JobState::Queued => Ok(draft(
+            job,
+            EventBody::Cancelled { note: note.clone() },
+            JobState::Cancelled,
+            Reason::CancelledBeforeStart,
+        )),
+        JobState::Leased => Ok(draft(
+            job,
+            EventBody::CancelRequested { note: note.clone() },
+            JobState::CancelRequested,
+            Reason::CancelRequested,
+        )),
+        JobState::CancelRequested | JobState::Cancelled => Err(Rejection::already_committed(format!(
+            "job is already {}",
+            job.state
+        ))),
+        JobState::AwaitingReceipt if job.reason == Reason::CancelAfterSubmit => Err(
+            Rejection::already_committed("cancel already arrived after submit"),
+        ),
+        // The side effect was already submitted: a cancel cannot take it back.
+        // It is recorded so "why did it still happen?" has an answer.
+        JobState::AwaitingReceipt => Ok(draft(
+            job,
+            EventBody::CancelRefused { note: note.clone() },
+            JobState::AwaitingReceipt,
+            Reason::CancelAfterSubmit,
+        )),
+        s => Err(Rejection::invalid(format!(
+            "job already ended as {s} ({})",
+            job.reason
+        ))),
+    }
+}
+
+fn receipt(job: &Job, receipt_id: &str, status: ReceiptStatus, ctx: &Ctx) -> Result<Draft, Rejection> {
+    let same_receipt = job.receipt_id.as_deref() == Some(receipt_id);
+    if job.state != JobState::AwaitingReceipt {
+        if same_receipt && status == ReceiptStatus::Succeeded && job.state == JobState::Succeeded {
+            return Err(Rejection::already_committed(
+                "receipt already resolved as succeeded",
+            ));
+        }
+        return Err(Rejection::invalid(format!(
+            "job is {}, not awaiting a receipt",
+            job.state
+        )));
+    }
+    if !same_receipt {
+        return Err(Rejection::conflict(format!(
+            "receipt {receipt_id} does not match the submitted {}",
+            job.receipt_id.as_deref().unwrap_or("-")
+        )));
+    }
+    let (to, reason, run_at, class) = match status {
+        ReceiptStatus::Succeeded => (JobState::Succeeded, Reason::ReceiptSucceeded, None, None),
+        ReceiptStatus::Pending => (JobState::AwaitingReceipt, Reason::ReceiptPending, None, None),
+        ReceiptStatus::Failed if job.attempt >= job.policy.max_attempts => (
+            JobState::Dead,
+            Reason::AttemptsExhausted,
+            None,
+            Some(ErrorClass::Transient),
+        ),
+        ReceiptStatus::Failed => (
+            JobState::Queued,
+            Reason::ReceiptFailed,
+            Some(later(ctx, job.policy.backoff_ms(job.attempt, ctx.jitter))),
+            Some(ErrorClass::Transient),
+        ),
+    };
+    let body = EventBody::ReceiptResolved {
+        receipt_id: receipt_id.to_string(),
+        status,
+        run_at,
+    };
+    let mut d = draft(job, body, to, reason);
+    d.error_class = class;
+    Ok(d)
+}
+
+fn expire(job: &Job, ctx: &Ctx) -> Result<Draft, Rejection> {
+    match job.state {
+        s if s.is_held() => {
+            expired_lease(job, ctx)?;
+            if let Some(d) = exhausted_on_expiry(job) {
+                return Ok(d);
+            }
+            let body = EventBody::LeaseExpired {
+                previous_holder: job.holder.clone(),
+            };
+            let (to, reason) = match (job.policy.on_lease_expiry, s) {
+                (ExpiryPolicy::Reconcile, _) => {
+                    return Err(Rejection::invalid(
+                        "reconcile policy: the next claim takes it over",
+                    ))
+                }
+                (ExpiryPolicy::Requeue, JobState::CancelRequested) => {
+                    (JobState::Cancelled, Reason::CancelledLeaseExpired)
+                }
+                (ExpiryPolicy::Requeue, _) => (JobState::Queued, Reason::LeaseExpiredRequeued),
+                (ExpiryPolicy::Dead, _) => (JobState::Dead, Reason::LeaseExpiredUncertain),
+            };
+            let mut d = draft(job, body, to, reason);
+            d.error_class = (to == JobState::Dead).then_some(ErrorClass::Transient);
+            Ok(d)
+        }
+        JobState::AwaitingReceipt => {
+            match job.receipt_deadline {
+                Some(deadline) if deadline > ctx.now => {
+                    return Err(Rejection::invalid(format!(
+                        "receipt due by {}",
+                        fmt_time(deadline)
+                    )))
+                }
+                _ => {}
+            }
+            let body = EventBody::ReceiptTimedOut {
+                receipt_id: job.receipt_id.clone(),
+            };
+            let (to, reason) = match job.policy.on_receipt_timeout {
+                ReceiptPolicy::Dead => (JobState::Dead, Reason::ReceiptTimeout),
+                ReceiptPolicy::Reconcile if job.attempt >= job.policy.max_attempts => {
+                    (JobState::Dead, Reason::AttemptsExhausted)
+                }
+                ReceiptPolicy::Reconcile => (JobState::Queued, Reason::ReceiptTimeoutReconcile),
+            };
+            let mut d = draft(job, body, to, reason);
+            d.error_class = Some(ErrorClass::Transient);
+            Ok(d)
+        }
+        s => Err(Rejection::invalid(format!("nothing expires on a {s} job"))),
+    }
+}
+
+/// What the next claim of a re-queued job must do.
+pub fn next_action_after(body: &EventBody, current: NextAction) -> NextAction {
+    match body {
+        EventBody::Failed { next_action, .. } => *next_action,
+        EventBody::ReceiptTimedOut { .. } => NextAction::Reconcile,
+        EventBody::Replayed { .. } | EventBody::LeaseExpired { .. } | EventBody::ReceiptResolved { .. } => {
+            NextAction::Execute
+        }
+        _ => current,
+    }
+}

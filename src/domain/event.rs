@@ -1,0 +1,165 @@
+//! Transition events: the source of truth. A job's state is the fold of these.
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use uuid::Uuid;
+
+use super::model::{ErrorClass, JobState, NextAction, Policy, ReceiptStatus};
+use super::reason::Reason;
+
+/// What happened, with exactly the data `apply` needs to reproduce the
+/// projection. The variant name is the event `type`; the fields are `data`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", content = "data", rename_all = "snake_case")]
+pub enum EventBody {
+    Enqueued {
+        queue: String,
+        kind: String,
+        job_key: Option<String>,
+        payload: Value,
+        payload_digest: String,
+        priority: i16,
+        run_at: DateTime<Utc>,
+        policy: Policy,
+    },
+    Claimed {
+        holder: String,
+        lease_until: DateTime<Utc>,
+        next_action: NextAction,
+    },
+    TakenOver {
+        holder: String,
+        previous_holder: Option<String>,
+        lease_until: DateTime<Utc>,
+    },
+    LeaseExtended {
+        lease_until: DateTime<Utc>,
+    },
+    Progressed {
+        step: String,
+        lease_until: Option<DateTime<Utc>>,
+    },
+    Succeeded {
+        result: Option<Value>,
+        digest: String,
+    },
+    Submitted {
+        receipt_id: String,
+        receipt_deadline: DateTime<Utc>,
+        digest: String,
+    },
+    Failed {
+        code: String,
+        message: Option<String>,
+        digest: String,
+        /// Set when the job goes back to `queued`.
+        run_at: Option<DateTime<Utc>>,
+        next_action: NextAction,
+    },
+    CancelRequested {
+        note: Option<String>,
+    },
+    Cancelled {
+        note: Option<String>,
+    },
+    CancelConfirmed {
+        digest: String,
+    },
+    CancelRefused {
+        note: Option<String>,
+    },
+    ReceiptResolved {
+        receipt_id: String,
+        status: ReceiptStatus,
+        run_at: Option<DateTime<Utc>>,
+    },
+    ReceiptTimedOut {
+        receipt_id: Option<String>,
+    },
+    LeaseExpired {
+        previous_holder: Option<String>,
+    },
+    Released {
+        digest: String,
+    },
+    Snoozed {
+        run_at: DateTime<Utc>,
+        digest: String,
+    },
+    Replayed {
+        operator: String,
+        note: String,
+    },
+    Observed {
+        key: String,
+        data: Value,
+        digest: String,
+        by_epoch: Option<i64>,
+        by_token: Option<i64>,
+    },
+    Purged {},
+}
+
+impl EventBody {
+    pub fn type_name(&self) -> &'static str {
+        match self {
+            EventBody::Enqueued { .. } => "enqueued",
+            EventBody::Claimed { .. } => "claimed",
+            EventBody::TakenOver { .. } => "taken_over",
+            EventBody::LeaseExtended { .. } => "lease_extended",
+            EventBody::Progressed { .. } => "progressed",
+            EventBody::Succeeded { .. } => "succeeded",
+            EventBody::Submitted { .. } => "submitted",
+            EventBody::Failed { .. } => "failed",
+            EventBody::CancelRequested { .. } => "cancel_requested",
+            EventBody::Cancelled { .. } => "cancelled",
+            EventBody::CancelConfirmed { .. } => "cancel_confirmed",
+            EventBody::CancelRefused { .. } => "cancel_refused",
+            EventBody::ReceiptResolved { .. } => "receipt_resolved",
+            EventBody::ReceiptTimedOut { .. } => "receipt_timed_out",
+            EventBody::LeaseExpired { .. } => "lease_expired",
+            EventBody::Released { .. } => "released",
+            EventBody::Snoozed { .. } => "snoozed",
+            EventBody::Replayed { .. } => "replayed",
+            EventBody::Observed { .. } => "observed",
+            EventBody::Purged {} => "purged",
+        }
+    }
+
+    /// Splits into the `type` and `data` columns.
+    pub fn to_parts(&self) -> (String, Value) {
+        let mut tagged = serde_json::to_value(self).expect("event bodies always serialise");
+        let data = tagged
+            .get_mut("data")
+            .map(Value::take)
+            .unwrap_or(Value::Object(Default::default()));
+        (self.type_name().to_string(), data)
+    }
+
+    /// Rebuilds from the `type` and `data` columns.
+    pub fn from_parts(kind: &str, data: &Value) -> Result<Self, serde_json::Error> {
+        serde_json::from_value(serde_json::json!({ "type": kind, "data": data }))
+    }
+}
+
+/// One appended event. `position` is assigned by the database and is not part
+/// of the hash (it only orders the global log).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Event {
+    pub job_id: Uuid,
+    pub version: i64,
+    pub epoch: i64,
+    pub token: i64,
+    pub attempt: i32,
+    pub run: i32,
+    pub from_state: Option<JobState>,
+    pub to_state: JobState,
+    pub reason: Reason,
+    pub error_class: Option<ErrorClass>,
+    pub actor: String,
+    pub recorded_at: DateTime<Utc>,
+    pub body: EventBody,
+    pub prev_hash: Option<String>,
+    pub hash: String,
+}

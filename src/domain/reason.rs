@@ -1,0 +1,38 @@
+//! Stable reason codes. Sent to the log and to Kafka; a code once published
+//! keeps its meaning forever. New situations get new codes.
+
+use super::model::wire_enum;
+
+wire_enum!(
+    /// Why a transition happened. Matched on in code, never on text.
+    Reason {
+        New => "new",
+        Claimed => "claimed",
+        LeaseExpiredTakeover => "lease_expired_takeover",
+        LeaseExtended => "lease_extended",
+        StepProgress => "step_progress",
+        Completed => "completed",
+        CancelAfterSubmit => "cancel_after_submit",
+        Submitted => "submitted",
+        ReceiptSucceeded => "receipt_succeeded",
+        ReceiptFailed => "receipt_failed",
+        ReceiptPending => "receipt_pending",
+        ReceiptTimeout => "receipt_timeout",
+        ReceiptTimeoutReconcile => "receipt_timeout_reconcile",
+        RetryScheduled => "retry_scheduled",
+        PermanentError => "permanent_error",
+        AttemptsExhausted => "attempts_exhausted",
+        CancelledBeforeStart => "cancelled_before_start",
+        CancelRequested => "cancel_requested",
+        CancelConfirmed => "cancel_confirmed",
+        CancelledAfterFailure => "cancelled_after_failure",
+        CancelledLeaseExpired => "cancelled_lease_expired",
+        ReplayedByOperator => "replayed_by_operator",
+        Observation => "observation",
+        LeaseExpiredRequeued => "lease_expired_requeued",
+        LeaseExpiredUncertain => "lease_expired_uncertain",
+        ReleasedUnstarted => "released_unstarted",
+        Snoozed => "snoozed",
+        Purged => "purged",
+    }
+);

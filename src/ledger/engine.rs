@@ -1,0 +1,187 @@
+//! The one write path. Every transition: lock the job's row, decide with the
+//! pure state machine, then (1) update the projection conditioned on the
+//! generation decided against and (2) append the event, in the caller's
+//! transaction. A rejection writes nothing.
+
+use rand::Rng;
+use serde::Serialize;
+use sqlx::PgConnection;
+use uuid::Uuid;
+
+use super::error::{LedgerError, LedgerResult};
+use crate::domain::{apply, decide, Command, Ctx, Event, EventBody, Job, Outcome, Rejection};
+use crate::store::jobs::{self, Locked};
+use crate::store::{events, tombstones, EventRow, JobRow, StoreError, TombstoneRow};
+
+/// The answer to one write.
+#[derive(Debug, Clone, Serialize)]
+pub struct WriteResult {
+    pub outcome: Outcome,
+    pub job_id: Uuid,
+    /// The job as it is now (after the write, or as found when rejected);
+    /// `None` when the job was purged.
+    #[serde(skip)]
+    pub job: Option<Job>,
+    /// Global log position of the appended event.
+    pub position: Option<i64>,
+    #[serde(skip)]
+    pub event: Option<Event>,
+    pub detail: Option<String>,
+    pub purged: bool,
+}
+
+impl WriteResult {
+    pub fn committed(&self) -> bool {
+        self.outcome == Outcome::Committed
+    }
+
+    pub(crate) fn rejected(job: Job, r: Rejection) -> Self {
+        WriteResult {
+            outcome: r.outcome,
+            job_id: job.job_id,
+            job: Some(job),
+            position: None,
+            event: None,
+            detail: Some(r.detail),
+            purged: false,
+        }
+    }
+
+    pub(crate) fn purged(job_id: Uuid) -> Self {
+        WriteResult {
+            outcome: Outcome::Stale,
+            job_id,
+            job: None,
+            position: None,
+            event: None,
+            detail: Some("the job was purged; its lifecycle is over".into()),
+            purged: true,
+        }
+    }
+}
+
+pub(crate) fn to_jobs(locked: Vec<Locked>) -> LedgerResult<Vec<(Job, chrono::DateTime<chrono::Utc>)>> {
+    locked
+        .into_iter()
+        .map(|l| Ok((Job::try_from(l.row)?, l.db_now)))
+        .collect()
+}
+
+pub(crate) fn ctx(now: chrono::DateTime<chrono::Utc>, actor: &str) -> Ctx {
+    Ctx {
+        now,
+        actor: actor.to_string(),
+        jitter: rand::thread_rng().gen(),
+    }
+}
+
+/// Decides `cmd_for(job)` for each locked job and writes the committed ones.
+pub(crate) async fn decide_and_write(
+    conn: &mut PgConnection,
+    locked: Vec<Locked>,
+    actor: &str,
+    cmd_for: impl Fn(&Job) -> Command,
+) -> LedgerResult<Vec<WriteResult>> {
+    let decided = to_jobs(locked)?
+        .into_iter()
+        .map(|(job, now)| {
+            let d = decide(&job, &cmd_for(&job), &ctx(now, actor));
+            (job, d)
+        })
+        .collect();
+    write_decisions(conn, decided).await
+}
+
+/// Writes every accepted decision in one statement per table.
+pub(crate) async fn write_decisions(
+    conn: &mut PgConnection,
+    decided: Vec<(Job, Result<Event, Rejection>)>,
+) -> LedgerResult<Vec<WriteResult>> {
+    let mut results = Vec::with_capacity(decided.len());
+    let (mut prev, mut next, mut evs, mut gone, mut graves) = (vec![], vec![], vec![], vec![], vec![]);
+    for (job, decision) in &decided {
+        match decision {
+            Err(r) => results.push(WriteResult::rejected(job.clone(), r.clone())),
+            Ok(ev) => {
+                let after = apply(Some(job), ev).map_err(|e| {
+                    StoreError::Corrupt(format!("decide produced an event apply refuses: {e}"))
+                })?;
+                evs.push(EventRow::from(ev));
+                if matches!(ev.body, EventBody::Purged {}) {
+                    gone.push(job.job_id);
+                    graves.push(TombstoneRow::of(&after, ev.recorded_at));
+                } else {
+                    prev.push(job);
+                    next.push(JobRow::from(&after));
+                }
+                results.push(WriteResult {
+                    outcome: Outcome::Committed,
+                    job_id: job.job_id,
+                    purged: matches!(ev.body, EventBody::Purged {}),
+                    job: Some(after),
+                    position: None,
+                    event: Some(ev.clone()),
+                    detail: None,
+                });
+            }
+        }
+    }
+    if !next.is_empty() {
+        jobs::update_jobs(conn, &prev, &next).await?;
+    }
+    if !gone.is_empty() {
+        jobs::delete_jobs(conn, &gone).await?;
+        tombstones::insert_tombstones(conn, &graves).await?;
+    }
+    if !evs.is_empty() {
+        let positions = events::insert_events(conn, &evs).await?;
+        for r in results.iter_mut().filter(|r| r.committed()) {
+            r.position = positions
+                .iter()
+                .find(|(id, _, _)| *id == r.job_id)
+                .map(|(_, _, p)| *p);
+        }
+    }
+    Ok(results)
+}
+
+/// Locks one job. `Err(WriteResult)` when it was purged (the answer is stale).
+pub(crate) async fn lock_one(
+    conn: &mut PgConnection,
+    job_id: Uuid,
+) -> LedgerResult<Result<Locked, WriteResult>> {
+    if let Some(l) = jobs::lock_jobs(conn, &[job_id]).await?.pop() {
+        return Ok(Ok(l));
+    }
+    match tombstones::find_tombstone(&mut *conn, job_id).await? {
+        Some(_) => Ok(Err(WriteResult::purged(job_id))),
+        None => Err(LedgerError::NotFound(job_id)),
+    }
+}
+
+/// One transition of one job, inside the caller's transaction.
+pub(crate) async fn transition_in(
+    conn: &mut PgConnection,
+    job_id: Uuid,
+    actor: &str,
+    cmd: Command,
+) -> LedgerResult<WriteResult> {
+    let locked = match lock_one(conn, job_id).await? {
+        Ok(l) => l,
+        Err(purged) => return Ok(purged),
+    };
+    let cmd = match cmd {
+        Command::Observe { fence, key, data, .. } => {
+            let existing = events::observation_digest(&mut *conn, job_id, &key).await?;
+            Command::Observe {
+                fence,
+                key,
+                data,
+                existing,
+            }
+        }
+        other => other,
+    };
+    let mut out = decide_and_write(conn, vec![locked], actor, |_| cmd.clone()).await?;
+    Ok(out.pop().expect("one locked job gives one result"))
+}

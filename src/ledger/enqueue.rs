@@ -1,0 +1,137 @@
+//! Enqueue: idempotent on `(queue, job_key)`, usable inside the caller's
+//! own transaction.
+
+use serde::Serialize;
+use sqlx::PgConnection;
+use std::collections::HashSet;
+use tracing::instrument;
+use uuid::Uuid;
+
+use super::error::{LedgerError, LedgerResult};
+use super::Ledger;
+use crate::domain::{apply, decide_enqueue, Ctx, Job, NewJob};
+use crate::store::{events, jobs, EventRow, JobRow, StoreError};
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Enqueued {
+    #[serde(skip)]
+    pub job: Job,
+    /// False when an existing job with the same key and payload was returned.
+    pub created: bool,
+    pub position: Option<i64>,
+}
+
+impl Ledger {
+    pub async fn enqueue(&self, new: NewJob) -> LedgerResult<Enqueued> {
+        let mut tx = self.pool.begin().await?;
+        let out = self.enqueue_in(&mut tx, new).await?;
+        tx.commit().await?;
+        Ok(out)
+    }
+
+    /// Enqueues inside the caller's transaction: the job exists exactly when
+    /// the caller's own writes commit.
+    pub async fn enqueue_in(&self, conn: &mut PgConnection, new: NewJob) -> LedgerResult<Enqueued> {
+        Ok(self
+            .enqueue_many_in(conn, vec![new])
+            .await?
+            .pop()
+            .expect("one in, one out"))
+    }
+
+    #[instrument(skip_all, fields(n = news.len()))]
+    pub async fn enqueue_many_in(
+        &self,
+        conn: &mut PgConnection,
+        news: Vec<NewJob>,
+    ) -> LedgerResult<Vec<Enqueued>> {
+        for n in &news {
+            self.check_new(n)?;
+        }
+        if news.is_empty() {
+            return Ok(vec![]);
+        }
+        let (epochs, now) = jobs::next_epochs(conn, news.len() as i64).await?;
+        let ctx = Ctx {
+            now,
+            actor: "api".into(),
+            jitter: 0.0,
+        };
+        let mut drafts = Vec::with_capacity(news.len());
+        for (new, epoch) in news.iter().zip(epochs) {
+            let ev = decide_enqueue(Uuid::now_v7(), epoch, new, &ctx);
+            let job = apply(None, &ev).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+            drafts.push((ev, job));
+        }
+        let rows: Vec<JobRow> = drafts.iter().map(|(_, j)| JobRow::from(j)).collect();
+        let inserted: HashSet<Uuid> = jobs::insert_jobs(conn, &rows).await?.into_iter().collect();
+        let evs: Vec<EventRow> = drafts
+            .iter()
+            .filter(|(e, _)| inserted.contains(&e.job_id))
+            .map(|(e, _)| EventRow::from(e))
+            .collect();
+        let positions = events::insert_events(conn, &evs).await?;
+        let mut out = Vec::with_capacity(drafts.len());
+        for (ev, job) in drafts {
+            if inserted.contains(&job.job_id) {
+                let position = positions.iter().find(|p| p.0 == ev.job_id).map(|p| p.2);
+                out.push(Enqueued {
+                    job,
+                    created: true,
+                    position,
+                });
+                continue;
+            }
+            out.push(self.existing_for(conn, &job).await?);
+        }
+        Ok(out)
+    }
+
+    /// The job already holding this key: the same request gets it back; a
+    /// different payload under the same key is an error, never a second job.
+    async fn existing_for(&self, conn: &mut PgConnection, job: &Job) -> LedgerResult<Enqueued> {
+        let key = job.job_key.as_deref().expect("only keyed jobs conflict");
+        let row = jobs::find_job_by_key(&mut *conn, &job.queue, key)
+            .await?
+            .ok_or_else(|| StoreError::Corrupt(format!("key {key} conflicted but no job holds it")))?;
+        let existing = Job::try_from(row)?;
+        if existing.payload_digest != job.payload_digest || existing.kind != job.kind {
+            return Err(LedgerError::KeyConflict {
+                queue: job.queue.clone(),
+                key: key.to_string(),
+                job_id: existing.job_id,
+            });
+        }
+        Ok(Enqueued {
+            job: existing,
+            created: false,
+            position: None,
+        })
+    }
+
+    fn check_new(&self, n: &NewJob) -> LedgerResult<()> {
+        let l = &self.limits;
+        l.name("queue", &n.queue)?;
+        l.name("kind", &n.kind)?;
+        if let Some(k) = &n.job_key {
+            l.name("job key", k)?;
+        }
+        l.json("payload", &n.payload)?;
+        let p = &n.policy;
+        if p.max_attempts < 1 || p.max_attempts > 1000 {
+            return Err(LedgerError::BadInput(format!(
+                "max attempts {} is not in 1..=1000",
+                p.max_attempts
+            )));
+        }
+        if p.backoff_base_ms < 0 || p.backoff_cap_ms < p.backoff_base_ms || p.receipt_timeout_ms <= 0 {
+            return Err(LedgerError::BadInput(
+                "backoff and receipt timeouts must be positive, cap >= base".into(),
+            ));
+        }
+        if n.delay_ms.is_some_and(|d| d < 0) {
+            return Err(LedgerError::BadInput("delay must not be negative".into()));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,38 @@
+use thiserror::Error;
+use uuid::Uuid;
+
+use crate::store::StoreError;
+
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum LedgerError {
+    /// The request itself is wrong; retrying it unchanged cannot help.
+    #[error("bad input: {0}")]
+    BadInput(String),
+    #[error("payload is {size} bytes, over the limit of {limit} bytes")]
+    TooLarge { size: usize, limit: usize },
+    #[error("job key {key:?} in queue {queue:?} already names job {job_id} with a different payload")]
+    KeyConflict {
+        queue: String,
+        key: String,
+        job_id: Uuid,
+    },
+    #[error("job {0} not found")]
+    NotFound(Uuid),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl From<sqlx::Error> for LedgerError {
+    fn from(e: sqlx::Error) -> Self {
+        LedgerError::Store(StoreError::Db(e))
+    }
+}
+
+impl LedgerError {
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, LedgerError::Store(e) if e.is_retryable())
+    }
+}
+
+pub type LedgerResult<T> = Result<T, LedgerError>;

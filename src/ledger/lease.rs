@@ -1,0 +1,199 @@
+//! `Lease`: the only handle through which a worker writes. Every method is a
+//! fenced write carrying the lease's (epoch, token); the answer is one of the
+//! five outcomes, never a guess.
+
+use serde_json::Value;
+use sqlx::PgConnection;
+use std::time::Duration;
+use tracing::instrument;
+use uuid::Uuid;
+
+use super::engine::{transition_in, WriteResult};
+use super::error::LedgerResult;
+use super::Ledger;
+use crate::domain::{Command, ErrorClass, Fence, Job, NextAction};
+
+#[derive(Clone, Debug)]
+pub struct Lease {
+    ledger: Ledger,
+    job_id: Uuid,
+    fence: Fence,
+    holder: String,
+    /// The job as the claim left it (absent for a handle rebuilt from ids).
+    claimed: Option<Job>,
+}
+
+pub(crate) fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+impl Lease {
+    pub(crate) fn from_claim(ledger: Ledger, job: Job) -> Self {
+        let holder = job.holder.clone().unwrap_or_default();
+        Lease {
+            ledger,
+            job_id: job.job_id,
+            fence: Fence {
+                epoch: job.epoch,
+                token: job.token,
+            },
+            holder,
+            claimed: Some(job),
+        }
+    }
+
+    /// A handle for a lease issued elsewhere (another process, the CLI): the
+    /// fence decides whether its writes count, so nothing is trusted here.
+    pub fn resume(ledger: Ledger, job_id: Uuid, epoch: i64, token: i64, holder: impl Into<String>) -> Self {
+        Lease {
+            ledger,
+            job_id,
+            fence: Fence { epoch, token },
+            holder: holder.into(),
+            claimed: None,
+        }
+    }
+
+    pub fn job_id(&self) -> Uuid {
+        self.job_id
+    }
+    pub fn fence(&self) -> Fence {
+        self.fence
+    }
+    pub fn holder(&self) -> &str {
+        &self.holder
+    }
+    /// The job as claimed: payload, kind, key, attempt, next action, lease end.
+    pub fn job(&self) -> Option<&Job> {
+        self.claimed.as_ref()
+    }
+    pub fn next_action(&self) -> NextAction {
+        self.claimed
+            .as_ref()
+            .map_or(NextAction::Execute, |j| j.next_action)
+    }
+
+    async fn write(&self, cmd: Command) -> LedgerResult<WriteResult> {
+        let mut tx = self.ledger.pool.begin().await?;
+        let out = transition_in(&mut tx, self.job_id, &self.holder, cmd).await?;
+        if out.committed() {
+            tx.commit().await?;
+        }
+        Ok(out)
+    }
+
+    #[instrument(skip(self), fields(job_id = %self.job_id, token = self.fence.token))]
+    pub async fn heartbeat(&self, lease: Duration) -> LedgerResult<WriteResult> {
+        self.write(Command::Heartbeat {
+            fence: self.fence,
+            lease_ms: millis(lease),
+        })
+        .await
+    }
+
+    #[instrument(skip(self), fields(job_id = %self.job_id, token = self.fence.token))]
+    pub async fn progress(&self, step: &str, lease: Option<Duration>) -> LedgerResult<WriteResult> {
+        self.ledger.limits.name("step", step)?;
+        self.write(Command::Progress {
+            fence: self.fence,
+            step: step.into(),
+            lease_ms: lease.map(millis),
+        })
+        .await
+    }
+
+    #[instrument(skip(self, result), fields(job_id = %self.job_id, token = self.fence.token))]
+    pub async fn complete(&self, result: Option<Value>) -> LedgerResult<WriteResult> {
+        let mut tx = self.ledger.pool.begin().await?;
+        let out = self.complete_in(&mut tx, result).await?;
+        if out.committed() {
+            tx.commit().await?;
+        }
+        Ok(out)
+    }
+
+    /// Completes inside the caller's transaction, so the caller's business
+    /// writes commit together with the completion or not at all. Commit the
+    /// transaction only when the answer is `committed`; on anything else
+    /// (including `already_committed`: the first attempt already made those
+    /// business writes) drop or roll it back.
+    #[instrument(skip(self, conn, result), fields(job_id = %self.job_id, token = self.fence.token))]
+    pub async fn complete_in(
+        &self,
+        conn: &mut PgConnection,
+        result: Option<Value>,
+    ) -> LedgerResult<WriteResult> {
+        if let Some(r) = &result {
+            self.ledger.limits.json("result", r)?;
+        }
+        transition_in(
+            conn,
+            self.job_id,
+            &self.holder,
+            Command::Complete {
+                fence: self.fence,
+                result,
+            },
+        )
+        .await
+    }
+
+    #[instrument(skip(self), fields(job_id = %self.job_id, token = self.fence.token))]
+    pub async fn submit(&self, receipt_id: &str) -> LedgerResult<WriteResult> {
+        self.ledger.limits.name("receipt id", receipt_id)?;
+        self.write(Command::Submit {
+            fence: self.fence,
+            receipt_id: receipt_id.into(),
+        })
+        .await
+    }
+
+    #[instrument(skip(self, message), fields(job_id = %self.job_id, token = self.fence.token))]
+    pub async fn fail(
+        &self,
+        class: ErrorClass,
+        code: &str,
+        message: Option<&str>,
+    ) -> LedgerResult<WriteResult> {
+        self.ledger.limits.name("error code", code)?;
+        if let Some(m) = message {
+            self.ledger.limits.text("error message", m)?;
+        }
+        let cmd = Command::Fail {
+            fence: self.fence,
+            class,
+            code: code.into(),
+            message: message.map(Into::into),
+        };
+        self.write(cmd).await
+    }
+
+    #[instrument(skip(self), fields(job_id = %self.job_id, token = self.fence.token))]
+    pub async fn confirm_cancel(&self) -> LedgerResult<WriteResult> {
+        self.write(Command::ConfirmCancel { fence: self.fence }).await
+    }
+
+    /// Gives the job back without burning an attempt (its work never started).
+    #[instrument(skip(self), fields(job_id = %self.job_id, token = self.fence.token))]
+    pub async fn release(&self) -> LedgerResult<WriteResult> {
+        self.write(Command::Release { fence: self.fence }).await
+    }
+
+    #[instrument(skip(self), fields(job_id = %self.job_id, token = self.fence.token))]
+    pub async fn snooze(&self, delay: Duration) -> LedgerResult<WriteResult> {
+        self.write(Command::Snooze {
+            fence: self.fence,
+            delay_ms: millis(delay),
+        })
+        .await
+    }
+
+    /// Records outside evidence (a provider's answer, a webhook). Allowed even
+    /// after this lease was superseded: evidence is kept, state is not touched.
+    #[instrument(skip(self, data), fields(job_id = %self.job_id, token = self.fence.token))]
+    pub async fn observe(&self, key: &str, data: Value) -> LedgerResult<WriteResult> {
+        self.ledger
+            .observe(self.job_id, Some(self.fence), key, data, &self.holder)
+            .await
+    }
+}

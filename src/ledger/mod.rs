@@ -1,0 +1,84 @@
+//! The ledger service: what a Rust service calls. Every write goes through
+//! `engine`, which runs the pure state machine under the job's row lock.
+
+mod engine;
+mod enqueue;
+mod error;
+mod lease;
+mod ops;
+mod validate;
+mod verify;
+
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::PgPool;
+use std::str::FromStr;
+use std::time::Duration;
+
+pub use engine::WriteResult;
+pub use enqueue::Enqueued;
+pub use error::{LedgerError, LedgerResult};
+pub use lease::Lease;
+pub use ops::{Found, HistoryEntry};
+pub use validate::Limits;
+pub use verify::{Problem, VerifyReport};
+
+use crate::store::schema;
+
+pub const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/jobledger";
+
+#[derive(Clone, Debug)]
+pub struct Ledger {
+    pool: PgPool,
+    limits: Limits,
+}
+
+impl Ledger {
+    pub fn new(pool: PgPool) -> Self {
+        Ledger {
+            pool,
+            limits: Limits::default(),
+        }
+    }
+
+    pub fn with_limits(mut self, limits: Limits) -> Self {
+        self.limits = limits;
+        self
+    }
+
+    /// Connects a pool. Fails fast (a few seconds) when nothing answers, so a
+    /// CLI call against a dead database says so instead of hanging.
+    pub async fn connect(url: &str, max_connections: u32) -> LedgerResult<Self> {
+        let opts = connect_options(url)?;
+        let pool = PgPoolOptions::new()
+            .max_connections(max_connections)
+            .acquire_timeout(Duration::from_secs(5))
+            .connect_with(opts)
+            .await?;
+        Ok(Ledger::new(pool))
+    }
+
+    /// Creates the database if missing, then connects and applies migrations.
+    pub async fn connect_and_migrate(url: &str, max_connections: u32) -> LedgerResult<Self> {
+        schema::create_database_if_missing(&connect_options(url)?).await?;
+        let ledger = Ledger::connect(url, max_connections).await?;
+        ledger.migrate().await?;
+        Ok(ledger)
+    }
+
+    pub async fn migrate(&self) -> LedgerResult<()> {
+        schema::migrate(&self.pool).await?;
+        Ok(())
+    }
+
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    pub fn limits(&self) -> &Limits {
+        &self.limits
+    }
+}
+
+pub fn connect_options(url: &str) -> LedgerResult<PgConnectOptions> {
+    PgConnectOptions::from_str(url).map_err(|e| LedgerError::BadInput(format!("database url: {e}")))
+}

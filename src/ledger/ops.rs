@@ -1,0 +1,266 @@
+//! Claims, operator and API operations, and reads.
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use serde_json::Value;
+use std::time::Duration;
+use tracing::instrument;
+use uuid::Uuid;
+
+use super::engine::{decide_and_write, transition_in, WriteResult};
+use super::error::{LedgerError, LedgerResult};
+use super::lease::{millis, Lease};
+use super::Ledger;
+use crate::domain::{Command, Event, Fence, Job, ReceiptStatus};
+use crate::store::{events, jobs, tombstones, TombstoneRow};
+
+/// One event of a job's history, with its global position.
+#[derive(Debug, Clone, Serialize)]
+pub struct HistoryEntry {
+    pub position: i64,
+    #[serde(flatten)]
+    pub event: Event,
+}
+
+/// What `show` finds: a live job or what is left of a purged one.
+#[derive(Debug, Clone)]
+pub enum Found {
+    Live(Box<Job>),
+    Purged(TombstoneRow),
+}
+
+impl Ledger {
+    /// Claims up to `limit` jobs of `queue`: expired leases under the
+    /// reconcile policy first (taken over, next action reconcile), then due
+    /// queued jobs. One short transaction; nothing is held afterwards.
+    #[instrument(skip(self), fields(queue = %queue, holder = %holder))]
+    pub async fn claim(
+        &self,
+        queue: &str,
+        holder: &str,
+        lease: Duration,
+        limit: i64,
+    ) -> LedgerResult<Vec<Lease>> {
+        self.limits.name("worker id", holder)?;
+        if limit < 1 {
+            return Ok(vec![]);
+        }
+        let lease_ms = millis(lease);
+        let cmd = |_: &Job| Command::Claim {
+            holder: holder.to_string(),
+            lease_ms,
+        };
+        let mut tx = self.pool.begin().await?;
+        let expired = jobs::lock_expired_for_takeover(&mut tx, queue, limit).await?;
+        let left = limit - expired.len() as i64;
+        let mut results = decide_and_write(&mut tx, expired, holder, cmd).await?;
+        if left > 0 {
+            let due = jobs::lock_due(&mut tx, queue, left).await?;
+            results.extend(decide_and_write(&mut tx, due, holder, cmd).await?);
+        }
+        tx.commit().await?;
+        Ok(results
+            .into_iter()
+            .filter(|r| r.committed())
+            .filter_map(|r| r.job)
+            .filter(|j| j.state.is_held())
+            .map(|j| Lease::from_claim(self.clone(), j))
+            .collect())
+    }
+
+    async fn transition(&self, job_id: Uuid, actor: &str, cmd: Command) -> LedgerResult<WriteResult> {
+        let mut tx = self.pool.begin().await?;
+        let out = transition_in(&mut tx, job_id, actor, cmd).await?;
+        if out.committed() {
+            tx.commit().await?;
+        }
+        Ok(out)
+    }
+
+    #[instrument(skip(self, note), fields(job_id = %job_id))]
+    pub async fn cancel(&self, job_id: Uuid, note: Option<&str>) -> LedgerResult<WriteResult> {
+        if let Some(n) = note {
+            self.limits.text("reason", n)?;
+        }
+        self.transition(
+            job_id,
+            "api",
+            Command::Cancel {
+                note: note.map(Into::into),
+            },
+        )
+        .await
+    }
+
+    #[instrument(skip(self), fields(job_id = %job_id))]
+    pub async fn receipt(
+        &self,
+        job_id: Uuid,
+        receipt_id: &str,
+        status: ReceiptStatus,
+    ) -> LedgerResult<WriteResult> {
+        self.limits.name("receipt id", receipt_id)?;
+        self.transition(
+            job_id,
+            "api",
+            Command::Receipt {
+                receipt_id: receipt_id.into(),
+                status,
+            },
+        )
+        .await
+    }
+
+    /// Operator replay of a dead job: a new run, attempts from zero; the token
+    /// keeps counting up.
+    #[instrument(skip(self, note), fields(job_id = %job_id))]
+    pub async fn replay(&self, job_id: Uuid, operator: &str, note: &str) -> LedgerResult<WriteResult> {
+        self.limits.name("operator", operator)?;
+        self.limits.name("reason", note)?;
+        let actor = format!("operator:{operator}");
+        self.transition(
+            job_id,
+            &actor,
+            Command::Replay {
+                operator: operator.into(),
+                note: note.into(),
+            },
+        )
+        .await
+    }
+
+    /// Batch replay: the same edge, job by job, for dead jobs that died with
+    /// `reason_code` within `[since, until)`.
+    pub async fn replay_batch(
+        &self,
+        reason_code: &str,
+        since: DateTime<Utc>,
+        until: DateTime<Utc>,
+        operator: &str,
+        note: &str,
+    ) -> LedgerResult<Vec<WriteResult>> {
+        if crate::domain::Reason::parse(reason_code).is_none() {
+            return Err(LedgerError::BadInput(format!(
+                "unknown reason code {reason_code:?}"
+            )));
+        }
+        let ids = jobs::dead_job_ids(&self.pool, reason_code, since, until).await?;
+        let mut out = Vec::with_capacity(ids.len());
+        for id in ids {
+            match self.replay(id, operator, note).await {
+                Err(LedgerError::NotFound(_)) => continue, // purged meanwhile
+                other => out.push(other?),
+            }
+        }
+        Ok(out)
+    }
+
+    /// Records an observation. Any worker may, fenced or not; deduplicated by
+    /// key (same data: already_committed; different: conflict).
+    pub async fn observe(
+        &self,
+        job_id: Uuid,
+        fence: Option<Fence>,
+        key: &str,
+        data: Value,
+        actor: &str,
+    ) -> LedgerResult<WriteResult> {
+        self.limits.name("observation key", key)?;
+        self.limits.json("observation", &data)?;
+        self.transition(
+            job_id,
+            actor,
+            Command::Observe {
+                fence,
+                key: key.into(),
+                data,
+                existing: None,
+            },
+        )
+        .await
+    }
+
+    /// One pass of the sweeper: lease-expiry policies other than reconcile,
+    /// exhausted leases, and receipt deadlines. Returns what it changed.
+    #[instrument(skip(self))]
+    pub async fn sweep(&self, batch: i64) -> LedgerResult<Vec<WriteResult>> {
+        let mut changed = vec![];
+        loop {
+            let mut tx = self.pool.begin().await?;
+            let locked = jobs::lock_sweepable(&mut tx, batch).await?;
+            let n = locked.len() as i64;
+            let results = decide_and_write(&mut tx, locked, "sweeper", |_| Command::Expire).await?;
+            tx.commit().await?;
+            changed.extend(results.into_iter().filter(|r| r.committed()));
+            if n < batch {
+                return Ok(changed);
+            }
+        }
+    }
+
+    /// Purges terminal jobs that ended more than `older_than` ago: appends a
+    /// `purged` event, deletes the projection row, keeps a tombstone. The
+    /// events stay in the log.
+    #[instrument(skip(self))]
+    pub async fn purge(&self, older_than: Duration, batch: i64) -> LedgerResult<u64> {
+        let mut purged = 0;
+        loop {
+            let ids = jobs::purgeable_job_ids(&self.pool, millis(older_than), batch).await?;
+            if ids.is_empty() {
+                return Ok(purged);
+            }
+            let mut tx = self.pool.begin().await?;
+            let locked = jobs::lock_jobs(&mut tx, &ids).await?;
+            let results = decide_and_write(&mut tx, locked, "purger", |_| Command::Purge).await?;
+            tx.commit().await?;
+            let n = results.iter().filter(|r| r.committed()).count() as u64;
+            purged += n;
+            if n == 0 {
+                return Ok(purged);
+            }
+        }
+    }
+
+    pub async fn show(&self, job_id: Uuid) -> LedgerResult<Found> {
+        if let Some(row) = jobs::find_job(&self.pool, job_id).await? {
+            return Ok(Found::Live(Box::new(Job::try_from(row)?)));
+        }
+        match tombstones::find_tombstone(&self.pool, job_id).await? {
+            Some(t) => Ok(Found::Purged(t)),
+            None => Err(LedgerError::NotFound(job_id)),
+        }
+    }
+
+    /// The job's events from the log (also for purged jobs).
+    pub async fn history(&self, job_id: Uuid) -> LedgerResult<Vec<HistoryEntry>> {
+        let rows = events::job_events(&self.pool, job_id).await?;
+        if rows.is_empty() {
+            return Err(LedgerError::NotFound(job_id));
+        }
+        rows.iter()
+            .map(|r| {
+                Ok(HistoryEntry {
+                    position: r.position,
+                    event: r.to_event()?,
+                })
+            })
+            .collect()
+    }
+
+    pub async fn counts_by_state(&self) -> LedgerResult<Vec<(String, i64)>> {
+        Ok(jobs::count_by_state(&self.pool).await?)
+    }
+
+    pub async fn counts_by_state_in(&self, queue: &str) -> LedgerResult<Vec<(String, i64)>> {
+        Ok(jobs::count_by_state_in_queue(&self.pool, queue).await?)
+    }
+
+    /// Events of one type among a queue's live jobs (e.g. takeovers).
+    pub async fn count_events_in(&self, queue: &str, kind: &str) -> LedgerResult<i64> {
+        Ok(events::count_events_in_queue(&self.pool, queue, kind).await?)
+    }
+
+    pub async fn jobs_with_event_in(&self, queue: &str, kind: &str) -> LedgerResult<Vec<Uuid>> {
+        Ok(events::jobs_with_event_in_queue(&self.pool, queue, kind).await?)
+    }
+}

@@ -1,0 +1,81 @@
+//! Checks on outside input before anything is written.
+
+use serde_json::Value;
+
+use super::error::{LedgerError, LedgerResult};
+use crate::domain::canonical_json;
+
+/// Size limits on what callers may store.
+#[derive(Clone, Debug)]
+pub struct Limits {
+    /// Canonical JSON bytes of a payload, result or observation.
+    pub max_payload_bytes: usize,
+    /// Queue, kind, key, step, receipt id, codes and similar names.
+    pub max_name_bytes: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_payload_bytes: 1024 * 1024,
+            max_name_bytes: 256,
+        }
+    }
+}
+
+impl Limits {
+    pub fn json(&self, what: &str, value: &Value) -> LedgerResult<()> {
+        let size = canonical_json(value).len();
+        if size > self.max_payload_bytes {
+            return Err(LedgerError::TooLarge {
+                size,
+                limit: self.max_payload_bytes,
+            });
+        }
+        if has_nul(value) {
+            // PostgreSQL's jsonb cannot store U+0000; refuse it up front with a
+            // clear message instead of a database error halfway through.
+            return Err(LedgerError::BadInput(format!(
+                "{what} contains a U+0000 character"
+            )));
+        }
+        Ok(())
+    }
+
+    pub fn name(&self, what: &str, value: &str) -> LedgerResult<()> {
+        if value.is_empty() {
+            return Err(LedgerError::BadInput(format!("{what} must not be empty")));
+        }
+        if value.len() > self.max_name_bytes {
+            return Err(LedgerError::BadInput(format!(
+                "{what} is {} bytes, over the limit of {}",
+                value.len(),
+                self.max_name_bytes
+            )));
+        }
+        if value.contains('\0') {
+            return Err(LedgerError::BadInput(format!(
+                "{what} contains a U+0000 character"
+            )));
+        }
+        Ok(())
+    }
+
+    pub fn text(&self, what: &str, value: &str) -> LedgerResult<()> {
+        if value.len() > self.max_payload_bytes || value.contains('\0') {
+            return Err(LedgerError::BadInput(format!(
+                "{what} is too long or contains U+0000"
+            )));
+        }
+        Ok(())
+    }
+}
+
+fn has_nul(value: &Value) -> bool {
+    match value {
+        Value::String(s) => s.contains('\0'),
+        Value::Array(items) => items.iter().any(has_nul),
+        Value::Object(map) => map.iter().any(|(k, v)| k.contains('\0') || has_nul(v)),
+        _ => false,
+    }
+}

@@ -1,0 +1,187 @@
+//! `verify`: recompute every hash, replay every job's events through the pure
+//! state machine, and compare with the inline projection and tombstones.
+
+use serde::Serialize;
+use std::collections::HashMap;
+use uuid::Uuid;
+
+use super::error::LedgerResult;
+use super::Ledger;
+use crate::domain::{apply, event_hash, EventBody, Job};
+use crate::store::{events, jobs, schema, tombstones, EventRow, JobRow, TombstoneRow};
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Problem {
+    pub job_id: Uuid,
+    pub version: Option<i64>,
+    pub position: Option<i64>,
+    pub detail: String,
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct VerifyReport {
+    pub jobs: u64,
+    pub events: u64,
+    pub problems: Vec<Problem>,
+}
+
+impl VerifyReport {
+    pub fn ok(&self) -> bool {
+        self.problems.is_empty()
+    }
+}
+
+const PAGE_JOBS: i64 = 500;
+
+impl Ledger {
+    /// Verifies one job, or every job when `job` is `None`.
+    pub async fn verify(&self, job: Option<Uuid>) -> LedgerResult<VerifyReport> {
+        let mut tx = self.pool.begin().await?;
+        schema::snapshot_read_only(&mut tx).await?;
+        let mut report = VerifyReport::default();
+        if let Some(id) = job {
+            let rows = events::job_events(&mut *tx, id).await?;
+            if rows.is_empty() && jobs::find_job(&mut *tx, id).await?.is_none() {
+                return Err(super::LedgerError::NotFound(id));
+            }
+            let projected = jobs::jobs_by_ids(&mut *tx, &[id]).await?;
+            let graves = tombstones::tombstones_by_ids(&mut *tx, &[id]).await?;
+            check_page(&rows, projected, graves, &mut report);
+            if rows.is_empty() {
+                report
+                    .problems
+                    .push(problem(id, None, None, "projection row has no events".into()));
+            }
+            return Ok(report);
+        }
+        let mut after = None;
+        loop {
+            let rows = events::events_of_jobs_after(&mut *tx, after, PAGE_JOBS).await?;
+            let Some(last) = rows.last() else { break };
+            after = Some(last.job_id);
+            let mut ids: Vec<Uuid> = rows.iter().map(|r| r.job_id).collect();
+            ids.dedup();
+            let projected = jobs::jobs_by_ids(&mut *tx, &ids).await?;
+            let graves = tombstones::tombstones_by_ids(&mut *tx, &ids).await?;
+            check_page(&rows, projected, graves, &mut report);
+        }
+        for id in jobs::orphan_job_ids(&mut *tx).await? {
+            report
+                .problems
+                .push(problem(id, None, None, "projection row has no events".into()));
+        }
+        Ok(report)
+    }
+}
+
+fn problem(job_id: Uuid, version: Option<i64>, position: Option<i64>, detail: String) -> Problem {
+    Problem {
+        job_id,
+        version,
+        position,
+        detail,
+    }
+}
+
+/// Checks the events of a page of jobs (sorted by job, version).
+fn check_page(
+    rows: &[EventRow],
+    projected: Vec<JobRow>,
+    graves: Vec<TombstoneRow>,
+    report: &mut VerifyReport,
+) {
+    let mut projected: HashMap<Uuid, JobRow> = projected.into_iter().map(|r| (r.job_id, r)).collect();
+    let graves: HashMap<Uuid, TombstoneRow> = graves.into_iter().map(|t| (t.job_id, t)).collect();
+    for stream in rows.chunk_by(|a, b| a.job_id == b.job_id) {
+        report.jobs += 1;
+        report.events += stream.len() as u64;
+        let id = stream[0].job_id;
+        match replay(stream, report) {
+            Some((job, purged)) => compare(id, &job, purged, projected.remove(&id), graves.get(&id), report),
+            None => {
+                projected.remove(&id);
+            }
+        }
+    }
+}
+
+/// Folds one job's events; reports the first break and stops there.
+fn replay(stream: &[EventRow], report: &mut VerifyReport) -> Option<(Job, bool)> {
+    fold(stream).map_err(|p| report.problems.push(p)).ok()
+}
+
+fn fold(stream: &[EventRow]) -> Result<(Job, bool), Problem> {
+    let mut state: Option<Job> = None;
+    let mut purged = false;
+    for row in stream {
+        let p = |d: String| problem(row.job_id, Some(row.version), Some(row.position), d);
+        let ev = row.to_event().map_err(|e| p(e.to_string()))?;
+        let recomputed = event_hash(&ev);
+        if recomputed != ev.hash {
+            return Err(p(format!(
+                "hash mismatch: stored {}, recomputed {recomputed}",
+                ev.hash
+            )));
+        }
+        state = Some(apply(state.as_ref(), &ev).map_err(|e| p(format!("replay refused the event: {e}")))?);
+        purged = matches!(ev.body, EventBody::Purged {});
+    }
+    let job = state.expect("a stream has at least one event");
+    Ok((job, purged))
+}
+
+fn compare(
+    id: Uuid,
+    replayed: &Job,
+    purged: bool,
+    row: Option<JobRow>,
+    grave: Option<&TombstoneRow>,
+    report: &mut VerifyReport,
+) {
+    let p = |d: String| problem(id, Some(replayed.version), None, d);
+    match (purged, row, grave) {
+        (false, Some(row), _) => match Job::try_from(row) {
+            Ok(stored) if stored == *replayed => {}
+            Ok(stored) => report.problems.push(p(format!(
+                "projection differs from replay: {}",
+                diff(&stored, replayed)
+            ))),
+            Err(e) => report.problems.push(p(e.to_string())),
+        },
+        (false, None, _) => report
+            .problems
+            .push(p("events exist but the projection row is missing".into())),
+        (true, Some(_), _) => report
+            .problems
+            .push(p("purged job still has a projection row".into())),
+        (true, None, None) => report.problems.push(p("purged job has no tombstone".into())),
+        (true, None, Some(t)) => {
+            if t.version != replayed.version || t.last_hash != replayed.last_hash || t.token != replayed.token
+            {
+                report
+                    .problems
+                    .push(p("tombstone does not match the end of the log".into()));
+            }
+        }
+    }
+}
+
+/// Names the fields that differ, for a readable report.
+fn diff(stored: &Job, replayed: &Job) -> String {
+    let a = serde_json::to_value(stored).unwrap_or_default();
+    let b = serde_json::to_value(replayed).unwrap_or_default();
+    let (Some(a), Some(b)) = (a.as_object(), b.as_object()) else {
+        return "unreadable".into();
+    };
+    let fields: Vec<String> = a
+        .iter()
+        .filter(|(k, v)| b.get(*k) != Some(*v))
+        .map(|(k, v)| {
+            format!(
+                "{k}: stored {v}, log says {}",
+                b.get(k).cloned().unwrap_or_default()
+            )
+        })
+        .collect();
+    fields.join("; ")
+}

@@ -1,0 +1,7 @@
+//! jobledger: an event-sourced ledger for background jobs with fenced leases.
+#![forbid(unsafe_code)]
+
+pub mod domain;
+pub mod fake_provider;
+pub mod ledger;
+pub mod store;

@@ -1,0 +1,24 @@
+//! The `jobledger` binary: JSON lines on stdout, messages on stderr.
+#![forbid(unsafe_code)]
+
+mod cli;
+
+use clap::Parser;
+use tracing_subscriber::EnvFilter;
+
+#[tokio::main]
+async fn main() {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("warn")))
+        .init();
+    let args = cli::args::Cli::parse();
+    let code = match cli::run::run(args).await {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            cli::output::error_code(&e)
+        }
+    };
+    std::process::exit(code);
+}

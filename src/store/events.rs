@@ -1,0 +1,93 @@
+//! Queries on `jobledger.events`, the append-only log.
+
+use sqlx::{PgConnection, PgExecutor};
+use uuid::Uuid;
+
+use super::rows::{EventRow, EVENT_COLUMNS};
+use super::StoreResult;
+
+/// Appends events; returns `(job_id, version, position)` for each.
+pub async fn insert_events(conn: &mut PgConnection, rows: &[EventRow]) -> StoreResult<Vec<(Uuid, i64, i64)>> {
+    let sql = format!(
+        "INSERT INTO jobledger.events ({EVENT_COLUMNS}) \
+         SELECT {EVENT_COLUMNS} FROM jsonb_populate_recordset(NULL::jobledger.events, $1) \
+         ORDER BY job_id, version RETURNING job_id, version, position"
+    );
+    Ok(sqlx::query_as(&sql)
+        .bind(serde_json::to_value(rows).expect("rows serialise"))
+        .fetch_all(conn)
+        .await?)
+}
+
+/// Digest of the observation recorded under `key` for this job, if any.
+pub async fn observation_digest<'e>(
+    exec: impl PgExecutor<'e>,
+    job_id: Uuid,
+    key: &str,
+) -> StoreResult<Option<String>> {
+    Ok(sqlx::query_scalar(
+        "SELECT data ->> 'digest' FROM jobledger.events WHERE job_id = $1 AND type = 'observed' AND data ->> 'key' = $2",
+    )
+    .bind(job_id)
+    .bind(key)
+    .fetch_optional(exec)
+    .await?
+    .flatten())
+}
+
+pub async fn job_events<'e>(exec: impl PgExecutor<'e>, job_id: Uuid) -> StoreResult<Vec<EventRow>> {
+    let sql =
+        format!("SELECT position, {EVENT_COLUMNS} FROM jobledger.events WHERE job_id = $1 ORDER BY version");
+    Ok(sqlx::query_as(&sql).bind(job_id).fetch_all(exec).await?)
+}
+
+/// All events of the next `limit_jobs` jobs (by id) after `after`, in
+/// (job_id, version) order: verify's page.
+pub async fn events_of_jobs_after<'e>(
+    exec: impl PgExecutor<'e>,
+    after: Option<Uuid>,
+    limit_jobs: i64,
+) -> StoreResult<Vec<EventRow>> {
+    let sql = format!(
+        "WITH ids AS (SELECT DISTINCT job_id FROM jobledger.events \
+                      WHERE $1::uuid IS NULL OR job_id > $1 ORDER BY job_id LIMIT $2) \
+         SELECT position, {EVENT_COLUMNS} FROM jobledger.events JOIN ids USING (job_id) ORDER BY job_id, version"
+    );
+    Ok(sqlx::query_as(&sql)
+        .bind(after)
+        .bind(limit_jobs)
+        .fetch_all(exec)
+        .await?)
+}
+
+/// How many events of `kind` the jobs of `queue` have (purged jobs excluded).
+pub async fn count_events_in_queue<'e>(
+    exec: impl PgExecutor<'e>,
+    queue: &str,
+    kind: &str,
+) -> StoreResult<i64> {
+    Ok(sqlx::query_scalar(
+        "SELECT count(*) FROM jobledger.events e JOIN jobledger.jobs j USING (job_id) \
+         WHERE j.queue = $1 AND e.type = $2",
+    )
+    .bind(queue)
+    .bind(kind)
+    .fetch_one(exec)
+    .await?)
+}
+
+/// Jobs of `queue` that have at least one event of `kind`.
+pub async fn jobs_with_event_in_queue<'e>(
+    exec: impl PgExecutor<'e>,
+    queue: &str,
+    kind: &str,
+) -> StoreResult<Vec<Uuid>> {
+    Ok(sqlx::query_scalar(
+        "SELECT DISTINCT e.job_id FROM jobledger.events e JOIN jobledger.jobs j USING (job_id) \
+         WHERE j.queue = $1 AND e.type = $2",
+    )
+    .bind(queue)
+    .bind(kind)
+    .fetch_all(exec)
+    .await?)
+}

@@ -1,0 +1,61 @@
+//! The database layer: one named function per query, nothing else issues SQL.
+//!
+//! Functions that run a single statement take any executor (a pool, a
+//! connection, or the caller's transaction); functions that need a row lock
+//! take `&mut PgConnection`, which a caller's `Transaction` derefs to.
+
+pub mod events;
+pub mod jobs;
+pub mod rows;
+pub mod schema;
+pub mod tombstones;
+
+use thiserror::Error;
+
+pub use rows::{EventRow, JobRow, TombstoneRow};
+
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    #[error("database error: {0}")]
+    Db(#[from] sqlx::Error),
+    #[error("migration failed: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+    #[error("corrupt row: {0}")]
+    Corrupt(String),
+    /// A conditional write under a held row lock changed fewer rows than it
+    /// should. Cannot happen unless something wrote around the store; the
+    /// whole transaction is rolled back.
+    #[error("fenced write raced: {0}")]
+    FenceRace(String),
+}
+
+impl StoreError {
+    /// Worth retrying the whole operation (connection trouble, serialization
+    /// failure, deadlock, server shutting down).
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            StoreError::Db(e) => match e {
+                sqlx::Error::Io(_)
+                | sqlx::Error::PoolTimedOut
+                | sqlx::Error::PoolClosed
+                | sqlx::Error::WorkerCrashed
+                | sqlx::Error::Tls(_) => true,
+                sqlx::Error::Database(db) => db
+                    .code()
+                    .map(|c| {
+                        matches!(
+                            c.as_ref(),
+                            "40001" | "40P01" | "55P03" | "57P01" | "57P02" | "57P03"
+                        ) || c.starts_with("08")
+                    })
+                    .unwrap_or(false),
+                _ => false,
+            },
+            StoreError::FenceRace(_) => true,
+            StoreError::Migrate(_) | StoreError::Corrupt(_) => false,
+        }
+    }
+}
+
+pub type StoreResult<T> = Result<T, StoreError>;

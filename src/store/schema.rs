@@ -1,0 +1,53 @@
+//! Database creation and migrations (embedded in the binary).
+
+use sqlx::postgres::{PgConnectOptions, PgConnection};
+use sqlx::{ConnectOptions, Connection, PgPool};
+
+use super::StoreResult;
+
+pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
+
+pub async fn migrate(pool: &PgPool) -> StoreResult<()> {
+    MIGRATOR.run(pool).await?;
+    Ok(())
+}
+
+/// Creates the target database when it is missing, connecting to the
+/// `postgres` maintenance database of the same server.
+pub async fn create_database_if_missing(opts: &PgConnectOptions) -> StoreResult<bool> {
+    let Some(name) = opts.get_database().map(str::to_string) else {
+        return Ok(false);
+    };
+    let mut admin: PgConnection = opts.clone().database("postgres").connect().await?;
+    let exists: bool = sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)")
+        .bind(&name)
+        .fetch_one(&mut admin)
+        .await?;
+    if !exists {
+        let quoted = format!("\"{}\"", name.replace('"', "\"\""));
+        if let Err(e) = sqlx::query(&format!("CREATE DATABASE {quoted}"))
+            .execute(&mut admin)
+            .await
+        {
+            // Another process may have created it between our check and now.
+            let duplicate = e
+                .as_database_error()
+                .and_then(|d| d.code())
+                .is_some_and(|c| c == "42P04");
+            if !duplicate {
+                return Err(e.into());
+            }
+        }
+    }
+    admin.close().await?;
+    Ok(!exists)
+}
+
+/// Makes the current transaction read one consistent snapshot (verify reads
+/// the log and the projection as of the same instant).
+pub async fn snapshot_read_only(conn: &mut PgConnection) -> StoreResult<()> {
+    sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+        .execute(conn)
+        .await?;
+    Ok(())
+}
