@@ -153,3 +153,22 @@ CREATE TABLE jobledger.tombstones (
     release    jsonb,
     purged_at  timestamptz NOT NULL
 );
+
+-- Writes the fence refused (stale, conflict, invalid transition). They change
+-- no job, so they are not in the job's event stream; they are kept here so a
+-- job's history can show "a late worker tried to write, and was refused".
+CREATE TABLE jobledger.rejections (
+    id           bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    job_id       uuid NOT NULL,
+    command      text NOT NULL,
+    outcome      text NOT NULL,
+    epoch        bigint,
+    token        bigint,
+    actor        text NOT NULL,
+    detail       text NOT NULL,
+    recorded_at  timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+CREATE INDEX rejections_job ON jobledger.rejections (job_id, id);
+
+CREATE TRIGGER rejections_no_update BEFORE UPDATE OR DELETE ON jobledger.rejections
+    FOR EACH ROW EXECUTE FUNCTION jobledger.refuse_event_change();

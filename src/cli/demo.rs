@@ -12,9 +12,9 @@ use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
-use jobledger::domain::{digest::fmt_time, ErrorClass, JobState, NewJob, NextAction, Outcome, Policy};
+use jobledger::domain::{ErrorClass, JobState, NewJob, NextAction, Outcome, Policy};
 use jobledger::fake_provider::{FakeProvider, ProviderError};
-use jobledger::ledger::{Found, HistoryEntry, Lease, Ledger, WriteResult};
+use jobledger::ledger::{Found, Lease, Ledger, WriteResult};
 
 const LEASE: Duration = Duration::from_millis(1500);
 const ZOMBIES: i64 = 3;
@@ -41,25 +41,6 @@ struct Shared {
     /// Slow jobs announce themselves here after their first step and wait
     /// for the canceller's answer before the next one.
     cancel_tx: mpsc::Sender<(uuid::Uuid, oneshot::Sender<()>)>,
-}
-
-pub fn history_line(h: &HistoryEntry) -> String {
-    let e = &h.event;
-    let from = e.from_state.map_or("-".to_string(), |s| s.to_string());
-    let class = e.error_class.map(|c| format!(" [{c}]")).unwrap_or_default();
-    format!(
-        "{:>6}  v{:<3} {}  {:<17} {:>16} -> {:<16} {:<24} token={} attempt={} by {}{class}",
-        h.position,
-        e.version,
-        fmt_time(e.recorded_at),
-        e.body.type_name(),
-        from,
-        e.to_state.as_str(),
-        e.reason.as_str(),
-        e.token,
-        e.attempt,
-        e.actor
-    )
 }
 
 pub async fn run(url: &str, jobs: usize, workers: usize) -> Result<i32> {
@@ -362,8 +343,8 @@ async fn summary(shared: &Shared, keys: &[String], zombie: ZombieReport, started
     );
     if let Some(id) = zombie.stalled.first() {
         eprintln!("\n== history of taken-over job {id} ==");
-        for h in l.history(*id).await? {
-            eprintln!("{}", history_line(&h));
+        for line in super::timeline::lines(l, *id).await? {
+            eprintln!("{line}");
         }
     }
     let ok = duplicates == 0

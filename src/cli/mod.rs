@@ -3,3 +3,4 @@ pub mod demo;
 pub mod output;
 pub mod parse;
 pub mod run;
+pub mod timeline;

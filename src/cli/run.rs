@@ -213,11 +213,13 @@ pub async fn run(cli: Cli) -> Result<i32> {
             Ok(output::OK)
         }
         Cmd::History { job, json } => {
-            for h in ledger.history(*job).await? {
-                if *json {
-                    line(&serde_json::to_value(&h)?);
-                } else {
-                    println!("{}", super::demo::history_line(&h));
+            if *json {
+                for v in super::timeline::json_lines(&ledger, *job).await? {
+                    line(&v);
+                }
+            } else {
+                for l in super::timeline::lines(&ledger, *job).await? {
+                    println!("{l}");
                 }
             }
             Ok(output::OK)

@@ -80,6 +80,45 @@ pub enum Command {
     Purge,
 }
 
+impl Command {
+    /// Stable name, as recorded for refused writes.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Command::Claim { .. } => "claim",
+            Command::Heartbeat { .. } => "heartbeat",
+            Command::Progress { .. } => "progress",
+            Command::Complete { .. } => "complete",
+            Command::Submit { .. } => "submit",
+            Command::Fail { .. } => "fail",
+            Command::ConfirmCancel { .. } => "confirm_cancel",
+            Command::Release { .. } => "release",
+            Command::Snooze { .. } => "snooze",
+            Command::Observe { .. } => "observe",
+            Command::Cancel { .. } => "cancel",
+            Command::Receipt { .. } => "receipt",
+            Command::Replay { .. } => "replay",
+            Command::Expire => "expire",
+            Command::Purge => "purge",
+        }
+    }
+
+    /// The generation the writer claims, for fenced commands.
+    pub fn fence(&self) -> Option<Fence> {
+        match self {
+            Command::Heartbeat { fence, .. }
+            | Command::Progress { fence, .. }
+            | Command::Complete { fence, .. }
+            | Command::Submit { fence, .. }
+            | Command::Fail { fence, .. }
+            | Command::ConfirmCancel { fence }
+            | Command::Release { fence }
+            | Command::Snooze { fence, .. } => Some(*fence),
+            Command::Observe { fence, .. } => *fence,
+            _ => None,
+        }
+    }
+}
+
 /// A new job as the caller describes it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct NewJob {

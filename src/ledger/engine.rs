@@ -11,6 +11,7 @@ use uuid::Uuid;
 use super::error::{LedgerError, LedgerResult};
 use crate::domain::{apply, decide, Command, Ctx, Event, EventBody, Job, Outcome, Rejection};
 use crate::store::jobs::{self, Locked};
+use crate::store::rejections::{self, RejectionRow};
 use crate::store::{events, tombstones, EventRow, JobRow, StoreError, TombstoneRow};
 
 /// The answer to one write.
@@ -184,4 +185,48 @@ pub(crate) async fn transition_in(
     };
     let mut out = decide_and_write(conn, vec![locked], actor, |_| cmd.clone()).await?;
     Ok(out.pop().expect("one locked job gives one result"))
+}
+
+/// One transition in its own short transaction; refused writes are recorded.
+pub(crate) async fn run_transition(
+    pool: &sqlx::PgPool,
+    job_id: Uuid,
+    actor: &str,
+    cmd: Command,
+) -> LedgerResult<WriteResult> {
+    let mut tx = pool.begin().await?;
+    let out = transition_in(&mut tx, job_id, actor, cmd.clone()).await?;
+    if out.committed() {
+        tx.commit().await?;
+    } else {
+        tx.rollback().await?;
+        record_refusal(pool, &cmd, actor, &out).await?;
+    }
+    Ok(out)
+}
+
+/// Keeps a refused write (stale, conflict, invalid transition) for the job's
+/// history. Outside the refused transaction, which was rolled back.
+pub(crate) async fn record_refusal(
+    pool: &sqlx::PgPool,
+    cmd: &Command,
+    actor: &str,
+    out: &WriteResult,
+) -> LedgerResult<()> {
+    if matches!(out.outcome, Outcome::Committed | Outcome::AlreadyCommitted) {
+        return Ok(());
+    }
+    let fence = cmd.fence();
+    let row = RejectionRow {
+        job_id: out.job_id,
+        command: cmd.name().to_string(),
+        outcome: out.outcome.as_str().to_string(),
+        epoch: fence.map(|f| f.epoch),
+        token: fence.map(|f| f.token),
+        actor: actor.to_string(),
+        detail: out.detail.clone().unwrap_or_default(),
+        recorded_at: chrono::Utc::now(),
+    };
+    rejections::insert_rejection(pool, &row).await?;
+    Ok(())
 }

@@ -8,7 +8,7 @@ use std::time::Duration;
 use tracing::instrument;
 use uuid::Uuid;
 
-use super::engine::{transition_in, WriteResult};
+use super::engine::{record_refusal, run_transition, transition_in, WriteResult};
 use super::error::LedgerResult;
 use super::Ledger;
 use crate::domain::{Command, ErrorClass, Fence, Job, NextAction};
@@ -74,12 +74,7 @@ impl Lease {
     }
 
     async fn write(&self, cmd: Command) -> LedgerResult<WriteResult> {
-        let mut tx = self.ledger.pool.begin().await?;
-        let out = transition_in(&mut tx, self.job_id, &self.holder, cmd).await?;
-        if out.committed() {
-            tx.commit().await?;
-        }
-        Ok(out)
+        run_transition(&self.ledger.pool, self.job_id, &self.holder, cmd).await
     }
 
     #[instrument(skip(self), fields(job_id = %self.job_id, token = self.fence.token))]
@@ -104,12 +99,19 @@ impl Lease {
 
     #[instrument(skip(self, result), fields(job_id = %self.job_id, token = self.fence.token))]
     pub async fn complete(&self, result: Option<Value>) -> LedgerResult<WriteResult> {
-        let mut tx = self.ledger.pool.begin().await?;
-        let out = self.complete_in(&mut tx, result).await?;
-        if out.committed() {
-            tx.commit().await?;
+        self.check_result(&result)?;
+        self.write(Command::Complete {
+            fence: self.fence,
+            result,
+        })
+        .await
+    }
+
+    fn check_result(&self, result: &Option<Value>) -> LedgerResult<()> {
+        match result {
+            Some(r) => self.ledger.limits.json("result", r),
+            None => Ok(()),
         }
-        Ok(out)
     }
 
     /// Completes inside the caller's transaction, so the caller's business
@@ -123,19 +125,14 @@ impl Lease {
         conn: &mut PgConnection,
         result: Option<Value>,
     ) -> LedgerResult<WriteResult> {
-        if let Some(r) = &result {
-            self.ledger.limits.json("result", r)?;
-        }
-        transition_in(
-            conn,
-            self.job_id,
-            &self.holder,
-            Command::Complete {
-                fence: self.fence,
-                result,
-            },
-        )
-        .await
+        self.check_result(&result)?;
+        let cmd = Command::Complete {
+            fence: self.fence,
+            result,
+        };
+        let out = transition_in(conn, self.job_id, &self.holder, cmd.clone()).await?;
+        record_refusal(&self.ledger.pool, &cmd, &self.holder, &out).await?;
+        Ok(out)
     }
 
     #[instrument(skip(self), fields(job_id = %self.job_id, token = self.fence.token))]

@@ -7,11 +7,12 @@ use std::time::Duration;
 use tracing::instrument;
 use uuid::Uuid;
 
-use super::engine::{decide_and_write, transition_in, WriteResult};
+use super::engine::{decide_and_write, run_transition, WriteResult};
 use super::error::{LedgerError, LedgerResult};
 use super::lease::{millis, Lease};
 use super::Ledger;
 use crate::domain::{Command, Event, Fence, Job, ReceiptStatus};
+use crate::store::rejections::{self, RejectionRow};
 use crate::store::{events, jobs, tombstones, TombstoneRow};
 
 /// One event of a job's history, with its global position.
@@ -69,12 +70,30 @@ impl Ledger {
     }
 
     async fn transition(&self, job_id: Uuid, actor: &str, cmd: Command) -> LedgerResult<WriteResult> {
-        let mut tx = self.pool.begin().await?;
-        let out = transition_in(&mut tx, job_id, actor, cmd).await?;
-        if out.committed() {
-            tx.commit().await?;
-        }
-        Ok(out)
+        run_transition(&self.pool, job_id, actor, cmd).await
+    }
+
+    /// Claims (or takes over) one named job, waiting for its row lock rather
+    /// than skipping it: an operator's "take this stuck job now".
+    #[instrument(skip(self), fields(job_id = %job_id, holder = %holder))]
+    pub async fn claim_job(
+        &self,
+        job_id: Uuid,
+        holder: &str,
+        lease: Duration,
+    ) -> LedgerResult<(WriteResult, Option<Lease>)> {
+        self.limits.name("worker id", holder)?;
+        let cmd = Command::Claim {
+            holder: holder.to_string(),
+            lease_ms: millis(lease),
+        };
+        let out = run_transition(&self.pool, job_id, holder, cmd).await?;
+        let lease = out
+            .job
+            .clone()
+            .filter(|j| out.committed() && j.state.is_held())
+            .map(|j| Lease::from_claim(self.clone(), j));
+        Ok((out, lease))
     }
 
     #[instrument(skip(self, note), fields(job_id = %job_id))]
@@ -229,6 +248,11 @@ impl Ledger {
             Some(t) => Ok(Found::Purged(t)),
             None => Err(LedgerError::NotFound(job_id)),
         }
+    }
+
+    /// Writes the fence refused for this job, oldest first.
+    pub async fn rejections(&self, job_id: Uuid) -> LedgerResult<Vec<RejectionRow>> {
+        Ok(rejections::job_rejections(&self.pool, job_id).await?)
     }
 
     /// The job's events from the log (also for purged jobs).

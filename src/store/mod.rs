@@ -6,6 +6,7 @@
 
 pub mod events;
 pub mod jobs;
+pub mod rejections;
 pub mod rows;
 pub mod schema;
 pub mod tombstones;

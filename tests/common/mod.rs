@@ -1,0 +1,134 @@
+//! Shared test support: a fresh PostgreSQL database per test, and hooks that
+//! move time by rewriting `lease_until` / `run_at` in the database.
+#![allow(dead_code)]
+
+use jobledger::domain::{NewJob, NextAction, Policy};
+use jobledger::ledger::{Lease, Ledger};
+use serde_json::{json, Value};
+use sqlx::{Connection, PgConnection};
+use std::time::Duration;
+use uuid::Uuid;
+
+pub fn server_url() -> String {
+    std::env::var("JOBLEDGER_TEST_SERVER").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".into())
+}
+
+pub struct TestDb {
+    pub ledger: Ledger,
+    pub url: String,
+    pub name: String,
+}
+
+/// A new, migrated database named `jlt_<uuid>`. `scripts/test` drops old ones.
+pub async fn fresh() -> TestDb {
+    let name = format!("jlt_{}", Uuid::new_v4().simple());
+    let url = format!("{}/{}", server_url(), name);
+    let ledger = Ledger::connect_and_migrate(&url, 16)
+        .await
+        .expect("test database");
+    TestDb { ledger, url, name }
+}
+
+impl TestDb {
+    pub async fn conn(&self) -> PgConnection {
+        PgConnection::connect(&self.url).await.expect("connect")
+    }
+
+    /// Moves a lease into the past: the lease has expired, nobody waited.
+    pub async fn expire_lease(&self, job: Uuid) {
+        sqlx::query("UPDATE jobledger.jobs SET lease_until = now() - interval '1 second' WHERE job_id = $1")
+            .bind(job)
+            .execute(self.ledger.pool())
+            .await
+            .unwrap();
+    }
+
+    /// Makes a delayed/backed-off job due now.
+    pub async fn make_due(&self, job: Uuid) {
+        sqlx::query("UPDATE jobledger.jobs SET run_at = now() - interval '1 millisecond' WHERE job_id = $1")
+            .bind(job)
+            .execute(self.ledger.pool())
+            .await
+            .unwrap();
+    }
+
+    pub async fn expire_receipt(&self, job: Uuid) {
+        sqlx::query(
+            "UPDATE jobledger.jobs SET receipt_deadline = now() - interval '1 second' WHERE job_id = $1",
+        )
+        .bind(job)
+        .execute(self.ledger.pool())
+        .await
+        .unwrap();
+    }
+
+    pub async fn count(&self, sql: &str) -> i64 {
+        sqlx::query_scalar(sql)
+            .fetch_one(self.ledger.pool())
+            .await
+            .unwrap()
+    }
+
+    pub async fn enqueue(&self, key: Option<&str>, payload: Value) -> jobledger::domain::Job {
+        self.ledger
+            .enqueue(new_job("q", key, payload))
+            .await
+            .expect("enqueue")
+            .job
+    }
+
+    pub async fn enqueue_with(&self, policy: Policy) -> jobledger::domain::Job {
+        let mut n = new_job("q", None, json!({}));
+        n.policy = policy;
+        self.ledger.enqueue(n).await.expect("enqueue").job
+    }
+
+    pub async fn claim_one(&self, worker: &str) -> Lease {
+        let mut leases = self
+            .ledger
+            .claim("q", worker, Duration::from_secs(30), 1)
+            .await
+            .expect("claim");
+        assert_eq!(leases.len(), 1, "{worker} expected one lease");
+        leases.pop().unwrap()
+    }
+
+    pub async fn claim_none(&self, worker: &str) {
+        let leases = self
+            .ledger
+            .claim("q", worker, Duration::from_secs(30), 10)
+            .await
+            .expect("claim");
+        assert!(
+            leases.is_empty(),
+            "{worker} expected nothing, got {} lease(s)",
+            leases.len()
+        );
+    }
+
+    pub async fn job(&self, id: Uuid) -> jobledger::domain::Job {
+        match self.ledger.show(id).await.expect("show") {
+            jobledger::ledger::Found::Live(j) => *j,
+            other => panic!("job {id} is not live: {other:?}"),
+        }
+    }
+
+    pub async fn assert_verified(&self) {
+        let report = self.ledger.verify(None).await.expect("verify");
+        assert!(report.ok(), "verify found problems: {:?}", report.problems);
+    }
+}
+
+pub fn new_job(queue: &str, key: Option<&str>, payload: Value) -> NewJob {
+    NewJob {
+        queue: queue.into(),
+        kind: "refund".into(),
+        job_key: key.map(Into::into),
+        payload,
+        priority: 0,
+        run_at: None,
+        delay_ms: None,
+        policy: Policy::default(),
+        next_action: NextAction::Execute,
+    }
+}

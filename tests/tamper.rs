@@ -1,0 +1,153 @@
+//! Scenario 15 and the append-only guarantees: the database refuses to
+//! rewrite history, and `verify` finds any row edited around it.
+
+mod common;
+
+use common::fresh;
+use serde_json::json;
+use uuid::Uuid;
+
+async fn finished_job(db: &common::TestDb) -> Uuid {
+    let job = db.enqueue(Some("k-1"), json!({"amount": 5})).await;
+    let lease = db.claim_one("w").await;
+    assert!(lease
+        .complete(Some(json!({"refund_id": "re_5"})))
+        .await
+        .unwrap()
+        .committed());
+    job.job_id
+}
+
+#[tokio::test]
+async fn database_refuses_update_delete_truncate_of_events() {
+    let db = fresh().await;
+    finished_job(&db).await;
+    for sql in [
+        "UPDATE jobledger.events SET reason = 'completed' WHERE version = 1",
+        "DELETE FROM jobledger.events",
+        "TRUNCATE jobledger.events",
+    ] {
+        let err = sqlx::query(sql).execute(db.ledger.pool()).await.unwrap_err();
+        assert!(err.to_string().contains("append-only"), "{sql}: {err}");
+    }
+    assert_eq!(db.count("SELECT count(*) FROM jobledger.events").await, 3);
+}
+
+#[tokio::test]
+async fn database_refuses_a_broken_chain_link() {
+    let db = fresh().await;
+    let id = finished_job(&db).await;
+    let err = sqlx::query(
+        "INSERT INTO jobledger.events (job_id, version, type, to_state, reason, actor, epoch, token, attempt, run, \
+         data, recorded_at, prev_hash, hash) \
+         VALUES ($1, 4, 'observed', 'succeeded', 'observation', 'x', 1, 1, 1, 0, '{}', now(), 'forged', 'h')",
+    )
+    .bind(id)
+    .execute(db.ledger.pool())
+    .await
+    .unwrap_err();
+    assert!(err.to_string().contains("does not link"), "{err}");
+    let gap = sqlx::query(
+        "INSERT INTO jobledger.events (job_id, version, type, to_state, reason, actor, epoch, token, attempt, run, \
+         data, recorded_at, prev_hash, hash) \
+         VALUES ($1, 9, 'observed', 'succeeded', 'observation', 'x', 1, 1, 1, 0, '{}', now(), NULL, 'h')",
+    )
+    .bind(id)
+    .execute(db.ledger.pool())
+    .await;
+    assert!(gap.is_err(), "a version gap is refused");
+}
+
+/// Scenario 15: someone with superuser rights disables the triggers and
+/// edits an event; verify names the job, the version and the broken hash.
+#[tokio::test]
+async fn verify_finds_an_edited_event() {
+    let db = fresh().await;
+    let id = finished_job(&db).await;
+    let _other = finished_job_with_key(&db, "k-2").await;
+    db.assert_verified().await;
+
+    let mut conn = db.conn().await;
+    sqlx::query("SET session_replication_role = replica")
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    sqlx::query(
+        "UPDATE jobledger.events SET data = jsonb_set(data, '{result,refund_id}', '\"re_EVIL\"') \
+         WHERE job_id = $1 AND version = 3",
+    )
+    .bind(id)
+    .execute(&mut conn)
+    .await
+    .unwrap();
+
+    let report = db.ledger.verify(None).await.unwrap();
+    assert_eq!(report.problems.len(), 1, "{:?}", report.problems);
+    let p = &report.problems[0];
+    assert_eq!((p.job_id, p.version), (id, Some(3)));
+    assert!(p.detail.contains("hash mismatch"), "{}", p.detail);
+    assert!(!db.ledger.verify(Some(id)).await.unwrap().ok());
+}
+
+async fn finished_job_with_key(db: &common::TestDb, key: &str) -> Uuid {
+    let job = db.enqueue(Some(key), json!({"amount": 6})).await;
+    let lease = db.claim_one("w").await;
+    lease.complete(None).await.unwrap();
+    job.job_id
+}
+
+/// An event rewritten with a recomputed hash still breaks the chain link of
+/// its successor; a deleted last event leaves the projection ahead of the log.
+#[tokio::test]
+async fn verify_finds_rehashed_and_deleted_events() {
+    let db = fresh().await;
+    let id = finished_job(&db).await;
+    let mut conn = db.conn().await;
+    sqlx::query("SET session_replication_role = replica")
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    sqlx::query("UPDATE jobledger.events SET hash = 'f00d' WHERE job_id = $1 AND version = 2")
+        .bind(id)
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    let report = db.ledger.verify(Some(id)).await.unwrap();
+    assert!(
+        report.problems[0].detail.contains("hash mismatch"),
+        "{:?}",
+        report.problems
+    );
+
+    let other = finished_job_with_key(&db, "k-3").await;
+    sqlx::query("DELETE FROM jobledger.events WHERE job_id = $1 AND version = 3")
+        .bind(other)
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    let report = db.ledger.verify(Some(other)).await.unwrap();
+    assert!(
+        report.problems[0].detail.contains("projection differs"),
+        "{:?}",
+        report.problems
+    );
+}
+
+/// The projection is checked too: a state written around the log is found.
+#[tokio::test]
+async fn verify_finds_a_projection_written_around_the_log() {
+    let db = fresh().await;
+    let id = finished_job(&db).await;
+    sqlx::query("UPDATE jobledger.jobs SET state = 'queued' WHERE job_id = $1")
+        .bind(id)
+        .execute(db.ledger.pool())
+        .await
+        .unwrap();
+    let report = db.ledger.verify(None).await.unwrap();
+    assert_eq!(report.problems.len(), 1);
+    assert!(
+        report.problems[0].detail.contains("state"),
+        "{}",
+        report.problems[0].detail
+    );
+}
