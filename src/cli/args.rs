@@ -51,7 +51,7 @@ pub enum Cmd {
         /// JSON, @FILE or @- (stdin).
         #[arg(long, default_value = "{}")]
         payload: String,
-        #[arg(long, value_parser = parse::duration, conflicts_with = "run_at")]
+        #[arg(long, value_parser = parse::duration, conflicts_with = "run_at", allow_hyphen_values = true)]
         delay: Option<std::time::Duration>,
         #[arg(long, value_parser = parse::time)]
         run_at: Option<chrono::DateTime<chrono::Utc>>,

@@ -1,0 +1,416 @@
+//! The `jobledger` binary's contract: JSON lines on stdout, one-line errors
+//! on stderr, documented exit codes, and bad input that changes nothing.
+
+mod common;
+
+use serde_json::Value;
+use std::io::Write;
+use std::process::{Command, Stdio};
+
+struct Run {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+impl Run {
+    fn lines(&self) -> Vec<Value> {
+        self.stdout
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l:?}: {e}")))
+            .collect()
+    }
+    fn json(&self) -> Value {
+        let mut l = self.lines();
+        assert_eq!(
+            l.len(),
+            1,
+            "expected one line, got {:?} / {}",
+            self.stdout,
+            self.stderr
+        );
+        l.pop().unwrap()
+    }
+}
+
+fn jl(url: &str, args: &[&str]) -> Run {
+    jl_stdin(url, args, None)
+}
+
+fn jl_stdin(url: &str, args: &[&str], stdin: Option<&str>) -> Run {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_jobledger"))
+        .args(args)
+        .env("DATABASE_URL", url)
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run jobledger");
+    let mut input = child.stdin.take().unwrap();
+    if let Some(s) = stdin {
+        input.write_all(s.as_bytes()).unwrap();
+    }
+    drop(input);
+    let out = child.wait_with_output().unwrap();
+    Run {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8(out.stdout).unwrap(),
+        stderr: String::from_utf8(out.stderr).unwrap(),
+    }
+}
+
+fn fence_args<'a>(job: &'a str, epoch: &'a str, token: &'a str) -> Vec<&'a str> {
+    vec![job, "--epoch", epoch, "--token", token]
+}
+
+#[tokio::test]
+async fn migrate_creates_the_database_once() {
+    let url = format!("{}/jlt_{}", common::server_url(), uuid::Uuid::new_v4().simple());
+    let first = jl(&url, &["migrate"]);
+    assert_eq!(first.code, 0, "{}", first.stderr);
+    assert_eq!(first.json()["database_created"], true);
+    let second = jl(&url, &["migrate"]);
+    assert_eq!(second.json()["database_created"], false);
+}
+
+#[tokio::test]
+async fn a_job_through_the_cli_with_every_exit_code() {
+    let db = common::fresh().await;
+    let url = db.url.as_str();
+    let e = jl(
+        url,
+        &[
+            "enqueue",
+            "--queue",
+            "refunds",
+            "--kind",
+            "refund",
+            "--key",
+            "r-1",
+            "--payload",
+            r#"{"amount": 10}"#,
+        ],
+    );
+    assert_eq!(e.code, 0, "{}", e.stderr);
+    let e = e.json();
+    assert_eq!(
+        (e["state"].as_str(), e["created"].as_bool(), e["token"].as_i64()),
+        (Some("queued"), Some(true), Some(0))
+    );
+    let job = e["job_id"].as_str().unwrap().to_string();
+    let epoch = e["epoch"].to_string();
+
+    // Same key again: the same job; another payload: a conflict (exit 4).
+    let again = jl(
+        url,
+        &[
+            "enqueue",
+            "--queue",
+            "refunds",
+            "--kind",
+            "refund",
+            "--key",
+            "r-1",
+            "--payload",
+            r#"{ "amount" : 10 }"#,
+        ],
+    );
+    assert_eq!(
+        (again.json()["job_id"].as_str(), again.json()["created"].as_bool()),
+        (Some(job.as_str()), Some(false))
+    );
+    let clash = jl(
+        url,
+        &[
+            "enqueue",
+            "--queue",
+            "refunds",
+            "--kind",
+            "refund",
+            "--key",
+            "r-1",
+            "--payload",
+            r#"{"amount": 11}"#,
+        ],
+    );
+    assert_eq!(clash.code, 4, "{}", clash.stderr);
+
+    let c = jl(
+        url,
+        &["claim", "--queue", "refunds", "--worker", "w-a", "--lease", "30s"],
+    );
+    let c = c.json();
+    assert_eq!(
+        (
+            c["token"].as_i64(),
+            c["attempt"].as_i64(),
+            c["next_action"].as_str()
+        ),
+        (Some(1), Some(1), Some("execute"))
+    );
+    assert_eq!(c["payload"]["amount"], 10);
+    let nothing = jl(url, &["claim", "--queue", "refunds", "--worker", "w-b"]);
+    assert_eq!(
+        (nothing.code, nothing.stdout.as_str()),
+        (0, ""),
+        "nothing due prints nothing"
+    );
+
+    let mut hb = vec!["heartbeat"];
+    hb.extend(fence_args(&job, &epoch, "1"));
+    assert_eq!(jl(url, &hb).json()["outcome"], "committed");
+    let mut pr = vec!["progress", "--step", "called-provider"];
+    pr.extend(fence_args(&job, &epoch, "1"));
+    assert_eq!(jl(url, &pr).json()["outcome"], "committed");
+
+    // Invalid transition (exit 5): no cancel was requested.
+    let mut cc = vec!["confirm-cancel"];
+    cc.extend(fence_args(&job, &epoch, "1"));
+    assert_eq!(jl(url, &cc).code, 5);
+
+    // Complete with a result from a file; a lost response retried: 0; a
+    // different result from the same token: conflict (4).
+    let dir = std::env::temp_dir().join(format!("jl-{}", uuid::Uuid::new_v4()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("result.json");
+    std::fs::write(&file, r#"{"refund_id": "re_1"}"#).unwrap();
+    let at_file = format!("@{}", file.display());
+    let mut done = vec!["complete", "--result", at_file.as_str()];
+    done.extend(fence_args(&job, &epoch, "1"));
+    let r = jl(url, &done);
+    assert_eq!(
+        (r.code, r.json()["outcome"].as_str(), r.json()["state"].as_str()),
+        (0, Some("committed"), Some("succeeded"))
+    );
+    let r = jl(url, &done);
+    assert_eq!(
+        (r.code, r.json()["outcome"].as_str()),
+        (0, Some("already_committed"))
+    );
+    let mut other = vec!["complete", "--result", "@-"];
+    other.extend(fence_args(&job, &epoch, "1"));
+    let r = jl_stdin(url, &other, Some(r#"{"refund_id": "re_2"}"#));
+    assert_eq!((r.code, r.json()["outcome"].as_str()), (4, Some("conflict")));
+
+    // Stale (exit 3): an older token.
+    let mut old = vec!["fail", "--class", "transient", "--code", "timeout"];
+    old.extend(fence_args(&job, &epoch, "0"));
+    let r = jl(url, &old);
+    assert_eq!((r.code, r.json()["outcome"].as_str()), (3, Some("stale")));
+
+    let show = jl(url, &["show", &job]).json();
+    assert_eq!(
+        (show["state"].as_str(), show["result"]["refund_id"].as_str()),
+        (Some("succeeded"), Some("re_1"))
+    );
+    let history = jl(url, &["history", &job]);
+    assert_eq!(history.code, 0);
+    assert!(
+        history.stdout.contains("claimed") && history.stdout.contains("REFUSED fail stale"),
+        "{}",
+        history.stdout
+    );
+    let events = jl(url, &["history", &job, "--json"]).lines();
+    assert_eq!(events.iter().filter(|e| e.get("hash").is_some()).count(), 5);
+    let v = jl(url, &["verify"]);
+    assert_eq!(
+        (v.code, v.lines().last().unwrap()["ok"].as_bool()),
+        (0, Some(true))
+    );
+
+    // Not found (exit 6).
+    let missing = uuid::Uuid::now_v7().to_string();
+    assert_eq!(jl(url, &["show", &missing]).code, 6);
+    let mut m = vec!["complete"];
+    m.extend(fence_args(&missing, "1", "1"));
+    assert_eq!(jl(url, &m).code, 6);
+}
+
+#[tokio::test]
+async fn fail_prints_the_retry_time_and_cancel_prints_the_state() {
+    let db = common::fresh().await;
+    let url = db.url.as_str();
+    let e = jl(
+        url,
+        &["enqueue", "--queue", "q", "--kind", "k", "--backoff-base", "10s"],
+    )
+    .json();
+    let (job, epoch) = (e["job_id"].as_str().unwrap().to_string(), e["epoch"].to_string());
+    jl(url, &["claim", "--queue", "q", "--worker", "w"]);
+    let mut f = vec![
+        "fail",
+        "--class",
+        "transient",
+        "--code",
+        "busy",
+        "--message",
+        "503 from provider",
+    ];
+    f.extend(fence_args(&job, &epoch, "1"));
+    let r = jl(url, &f).json();
+    assert_eq!(r["state"], "queued");
+    assert!(r["run_at"].is_string());
+    let r = jl(url, &["cancel", &job, "--reason", "customer asked"]).json();
+    assert_eq!(
+        (r["outcome"].as_str(), r["state"].as_str()),
+        (Some("committed"), Some("cancelled"))
+    );
+    assert_eq!(jl(url, &["cancel", &job]).json()["outcome"], "already_committed");
+}
+
+#[tokio::test]
+async fn bad_input_is_refused_clearly_and_changes_nothing() {
+    let db = common::fresh().await;
+    let url = db.url.as_str();
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (
+            vec!["enqueue", "--queue", "q", "--kind", "k", "--payload", "{not json"],
+            "malformed JSON",
+        ),
+        (
+            vec![
+                "enqueue",
+                "--queue",
+                "q",
+                "--kind",
+                "k",
+                "--payload",
+                "@/no/such/file",
+            ],
+            "cannot read",
+        ),
+        (
+            vec![
+                "--max-payload-bytes",
+                "64",
+                "enqueue",
+                "--queue",
+                "q",
+                "--kind",
+                "k",
+                "--payload",
+                &LONG,
+            ],
+            "over the limit",
+        ),
+        (
+            vec![
+                "enqueue",
+                "--queue",
+                "q",
+                "--kind",
+                "k",
+                "--payload",
+                r#"{"a": "\u0000"}"#,
+            ],
+            "U+0000",
+        ),
+        (vec!["enqueue", "--queue", "", "--kind", "k"], "must not be empty"),
+        (
+            vec!["enqueue", "--queue", "q", "--kind", "k", "--delay", "-5s"],
+            "negative",
+        ),
+        (
+            vec![
+                "enqueue",
+                "--queue",
+                "q",
+                "--kind",
+                "k",
+                "--delay",
+                "5 fortnights",
+            ],
+            "not a duration",
+        ),
+        (
+            vec!["enqueue", "--queue", "q", "--kind", "k", "--delay", "400days"],
+            "longer than a year",
+        ),
+        (
+            vec!["enqueue", "--queue", "q", "--kind", "k", "--max-attempts", "0"],
+            "max attempts",
+        ),
+        (
+            vec!["enqueue", "--queue", "q", "--kind", "k", "--run-at", "tomorrow"],
+            "RFC 3339",
+        ),
+        (
+            vec!["claim", "--queue", "q", "--worker", "w", "--lease", "0s"],
+            "shorter than 1ms",
+        ),
+        (
+            vec![
+                "fail",
+                "00000000-0000-0000-0000-000000000000",
+                "--epoch",
+                "1",
+                "--token",
+                "1",
+                "--class",
+                "fatal",
+                "--code",
+                "x",
+            ],
+            "not one of",
+        ),
+        (vec!["show", "not-a-uuid"], "invalid"),
+        (vec!["replay", "--operator", "o", "--reason", "r"], "required"),
+    ];
+    for (args, needle) in cases {
+        let r = jl(url, &args);
+        assert_eq!(r.code, 2, "{args:?}: {}", r.stderr);
+        assert!(
+            r.stderr.contains(needle),
+            "{args:?}: stderr {:?} lacks {needle:?}",
+            r.stderr
+        );
+        assert!(r.stdout.is_empty(), "{args:?} printed {:?}", r.stdout);
+    }
+    assert_eq!(
+        db.count("SELECT count(*) FROM jobledger.events").await,
+        0,
+        "nothing was written"
+    );
+}
+
+static LONG: std::sync::LazyLock<String> =
+    std::sync::LazyLock::new(|| format!("{{\"blob\": \"{}\"}}", "x".repeat(200)));
+
+#[test]
+fn an_unreachable_database_is_reported_in_one_line() {
+    let r = jl(
+        "postgres://postgres@127.0.0.1:1/nothing",
+        &["show", "00000000-0000-0000-0000-000000000000"],
+    );
+    assert_eq!(r.code, 1);
+    assert!(
+        r.stderr.starts_with("error: cannot reach the database"),
+        "{}",
+        r.stderr
+    );
+    assert_eq!(r.stderr.trim_end().lines().count(), 1, "{}", r.stderr);
+}
+
+#[tokio::test]
+async fn verify_exits_non_zero_on_tampering() {
+    let db = common::fresh().await;
+    let url = db.url.as_str();
+    jl(url, &["enqueue", "--queue", "q", "--kind", "k"]);
+    let mut conn = db.conn().await;
+    sqlx::query("SET session_replication_role = replica")
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    sqlx::query("UPDATE jobledger.events SET actor = 'mallory'")
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    let v = jl(url, &["verify"]);
+    assert_eq!(v.code, 1);
+    assert_eq!(v.lines().last().unwrap()["ok"], false);
+    assert!(v.lines()[0]["problem"]["detail"]
+        .as_str()
+        .unwrap()
+        .contains("hash mismatch"));
+}

@@ -1,0 +1,301 @@
+//! Property tests of the pure state machine: random command sequences, from
+//! current, old and never-issued tokens, with time moving. The invariants
+//! hold after every step, and replaying the events from scratch gives the
+//! inline projection.
+
+use chrono::{DateTime, Duration, TimeZone, Utc};
+use jobledger::domain::{
+    apply, decide, decide_enqueue, edge_allowed, event_hash, Command, Ctx, ErrorClass, Event, EventBody,
+    ExpiryPolicy, Fence, Job, JobState, NewJob, NextAction, Outcome, Policy, ReceiptPolicy, ReceiptStatus,
+};
+use proptest::prelude::*;
+use serde_json::json;
+use std::collections::HashMap;
+
+#[derive(Clone, Debug)]
+enum Tok {
+    Current,
+    Older(i64),
+    Newer,
+    OtherEpoch,
+}
+
+#[derive(Clone, Debug)]
+enum Op {
+    Claim,
+    Heartbeat(Tok),
+    Progress(Tok),
+    Complete(Tok, u8),
+    Submit(Tok, u8),
+    Fail(Tok, bool),
+    ConfirmCancel(Tok),
+    Release(Tok),
+    Snooze(Tok),
+    Observe(Option<Tok>, u8, u8),
+    Cancel,
+    Receipt(u8, bool),
+    Replay,
+    Expire,
+    Purge,
+    Advance(i64),
+}
+
+fn tok() -> impl Strategy<Value = Tok> {
+    prop_oneof![
+        4 => Just(Tok::Current),
+        2 => (1i64..3).prop_map(Tok::Older),
+        1 => Just(Tok::Newer),
+        1 => Just(Tok::OtherEpoch),
+    ]
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => Just(Op::Claim),
+        2 => tok().prop_map(Op::Heartbeat),
+        2 => tok().prop_map(Op::Progress),
+        3 => (tok(), 0u8..2).prop_map(|(t, r)| Op::Complete(t, r)),
+        2 => (tok(), 0u8..2).prop_map(|(t, r)| Op::Submit(t, r)),
+        3 => (tok(), any::<bool>()).prop_map(|(t, p)| Op::Fail(t, p)),
+        1 => tok().prop_map(Op::ConfirmCancel),
+        1 => tok().prop_map(Op::Release),
+        1 => tok().prop_map(Op::Snooze),
+        1 => (proptest::option::of(tok()), 0u8..2, 0u8..2).prop_map(|(t, k, d)| Op::Observe(t, k, d)),
+        2 => Just(Op::Cancel),
+        2 => (0u8..3, any::<bool>()).prop_map(|(s, ok)| Op::Receipt(s, ok)),
+        1 => Just(Op::Replay),
+        2 => Just(Op::Expire),
+        1 => Just(Op::Purge),
+        4 => (1i64..120_000).prop_map(Op::Advance),
+    ]
+}
+
+fn policy() -> impl Strategy<Value = Policy> {
+    (
+        1i32..5,
+        prop_oneof![
+            Just(ExpiryPolicy::Reconcile),
+            Just(ExpiryPolicy::Requeue),
+            Just(ExpiryPolicy::Dead)
+        ],
+        any::<bool>(),
+    )
+        .prop_map(|(max_attempts, on_lease_expiry, reconcile_receipts)| Policy {
+            max_attempts,
+            backoff_base_ms: 1_000,
+            backoff_cap_ms: 30_000,
+            on_lease_expiry,
+            receipt_timeout_ms: 60_000,
+            on_receipt_timeout: if reconcile_receipts {
+                ReceiptPolicy::Reconcile
+            } else {
+                ReceiptPolicy::Dead
+            },
+        })
+}
+
+fn fence(job: &Job, t: &Tok) -> Fence {
+    match t {
+        Tok::Current => Fence {
+            epoch: job.epoch,
+            token: job.token,
+        },
+        Tok::Older(n) => Fence {
+            epoch: job.epoch,
+            token: (job.token - n).max(0),
+        },
+        Tok::Newer => Fence {
+            epoch: job.epoch,
+            token: job.token + 1,
+        },
+        Tok::OtherEpoch => Fence {
+            epoch: job.epoch + 1,
+            token: job.token,
+        },
+    }
+}
+
+fn command(job: &Job, op: &Op, observed: &HashMap<String, String>) -> Option<Command> {
+    Some(match op {
+        Op::Claim => Command::Claim {
+            holder: format!("w{}", job.token + 1),
+            lease_ms: 30_000,
+        },
+        Op::Heartbeat(t) => Command::Heartbeat {
+            fence: fence(job, t),
+            lease_ms: 30_000,
+        },
+        Op::Progress(t) => Command::Progress {
+            fence: fence(job, t),
+            step: "s".into(),
+            lease_ms: Some(30_000),
+        },
+        Op::Complete(t, r) => Command::Complete {
+            fence: fence(job, t),
+            result: Some(json!({ "r": r })),
+        },
+        Op::Submit(t, r) => Command::Submit {
+            fence: fence(job, t),
+            receipt_id: format!("rc{r}"),
+        },
+        Op::Fail(t, permanent) => Command::Fail {
+            fence: fence(job, t),
+            class: if *permanent {
+                ErrorClass::Permanent
+            } else {
+                ErrorClass::Transient
+            },
+            code: "e".into(),
+            message: None,
+        },
+        Op::ConfirmCancel(t) => Command::ConfirmCancel { fence: fence(job, t) },
+        Op::Release(t) => Command::Release { fence: fence(job, t) },
+        Op::Snooze(t) => Command::Snooze {
+            fence: fence(job, t),
+            delay_ms: 5_000,
+        },
+        Op::Observe(t, k, d) => {
+            let key = format!("k{k}");
+            Command::Observe {
+                fence: t.as_ref().map(|t| fence(job, t)),
+                existing: observed.get(&key).cloned(),
+                key,
+                data: json!({ "d": d }),
+            }
+        }
+        Op::Cancel => Command::Cancel { note: None },
+        Op::Receipt(s, right) => Command::Receipt {
+            receipt_id: if *right {
+                job.receipt_id.clone().unwrap_or_else(|| "none".into())
+            } else {
+                "wrong".into()
+            },
+            status: [
+                ReceiptStatus::Succeeded,
+                ReceiptStatus::Failed,
+                ReceiptStatus::Pending,
+            ][*s as usize],
+        },
+        Op::Replay => Command::Replay {
+            operator: "op".into(),
+            note: "n".into(),
+        },
+        Op::Expire => Command::Expire,
+        Op::Purge => Command::Purge,
+        Op::Advance(_) => return None,
+    })
+}
+
+fn check_invariants(job: &Job, events: &[Event], start: DateTime<Utc>) {
+    // The log: contiguous versions, linked and correct hashes, legal edges.
+    for (i, ev) in events.iter().enumerate() {
+        assert_eq!(ev.version, i as i64 + 1);
+        assert_eq!(ev.hash, event_hash(ev), "hash of v{}", ev.version);
+        if i == 0 {
+            assert!(ev.prev_hash.is_none());
+        } else {
+            assert_eq!(ev.prev_hash.as_deref(), Some(events[i - 1].hash.as_str()));
+            assert!(
+                edge_allowed(&ev.body, events[i - 1].to_state, ev.to_state),
+                "{ev:?}"
+            );
+            // Tokens only move up, and only by a claim or takeover, by one.
+            let (prev, now) = (events[i - 1].token, ev.token);
+            match ev.body {
+                EventBody::Claimed { .. } | EventBody::TakenOver { .. } => assert_eq!(now, prev + 1),
+                _ => assert_eq!(now, prev),
+            }
+        }
+    }
+    // Replay from scratch equals the inline projection.
+    let mut replayed: Option<Job> = None;
+    for ev in events {
+        replayed = Some(apply(replayed.as_ref(), ev).expect("replay accepts its own log"));
+    }
+    assert_eq!(replayed.as_ref(), Some(job));
+    // One meaning per state.
+    assert_eq!(job.state.is_held(), job.lease_until.is_some());
+    assert_eq!(job.state.is_held(), job.holder.is_some());
+    if job.state == JobState::AwaitingReceipt {
+        assert!(job.receipt_id.is_some() && job.receipt_deadline.is_some());
+    }
+    assert!(
+        job.attempt >= 0 && job.attempt <= job.policy.max_attempts,
+        "attempt {}",
+        job.attempt
+    );
+    assert!(job.updated_at >= start);
+    // A success is final: never two per job.
+    let successes = events
+        .iter()
+        .filter(|e| e.to_state == JobState::Succeeded && e.from_state != Some(JobState::Succeeded))
+        .count();
+    assert!(successes <= 1);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 400, .. ProptestConfig::default() })]
+
+    #[test]
+    fn random_command_sequences_keep_the_invariants(policy in policy(), ops in proptest::collection::vec(op(), 1..60), jitter in 0.0f64..1.0) {
+        let start = Utc.with_ymd_and_hms(2026, 1, 1, 0, 0, 0).unwrap();
+        let mut now = start;
+        let new = NewJob {
+            queue: "q".into(), kind: "k".into(), job_key: Some("key".into()), payload: json!({"a": 1}),
+            priority: 0, run_at: None, delay_ms: None, policy, next_action: NextAction::Execute,
+        };
+        let first = decide_enqueue(uuid::Uuid::now_v7(), 7, &new, &Ctx { now, actor: "api".into(), jitter });
+        let mut job = apply(None, &first).unwrap();
+        let mut events = vec![first];
+        let mut observed: HashMap<String, String> = HashMap::new();
+        let mut purged = false;
+        for op in &ops {
+            if let Op::Advance(ms) = op {
+                now += Duration::milliseconds(*ms);
+                continue;
+            }
+            if purged {
+                break;
+            }
+            let cmd = command(&job, op, &observed).unwrap();
+            let before = job.clone();
+            match decide(&job, &cmd, &Ctx { now, actor: "t".into(), jitter }) {
+                Ok(ev) => {
+                    // A writer that does not hold the current token changes
+                    // nothing but observations.
+                    if let Some(f) = cmd.fence() {
+                        if !matches!(cmd, Command::Observe { .. }) {
+                            prop_assert!(f.token == before.token && f.epoch == before.epoch, "stale write accepted: {cmd:?}");
+                            prop_assert!(before.state.is_held());
+                        }
+                    }
+                    if let EventBody::Observed { key, digest, .. } = &ev.body {
+                        observed.insert(key.clone(), digest.clone());
+                    }
+                    purged = matches!(ev.body, EventBody::Purged {});
+                    job = apply(Some(&job), &ev).expect("apply accepts what decide produced");
+                    events.push(ev);
+                }
+                Err(r) => {
+                    // Rejections name exactly one outcome and change nothing.
+                    prop_assert!(r.outcome != Outcome::Committed);
+                    prop_assert_eq!(&job, &before);
+                }
+            }
+            check_invariants(&job, &events, start);
+        }
+    }
+
+    /// Canonical JSON: equal values give equal digests regardless of key
+    /// order; different values give different digests.
+    #[test]
+    fn digest_ignores_key_order(pairs in proptest::collection::btree_map("[a-z]{1,6}", any::<i32>(), 0..8)) {
+        let forward: serde_json::Map<String, serde_json::Value> = pairs.iter().map(|(k, v)| (k.clone(), json!(v))).collect();
+        let text_rev = format!("{{{}}}", pairs.iter().rev().map(|(k, v)| format!("\"{k}\" : {v}")).collect::<Vec<_>>().join(" , "));
+        let reversed: serde_json::Value = serde_json::from_str(&text_rev).unwrap();
+        prop_assert_eq!(jobledger::domain::digest(&serde_json::Value::Object(forward.clone())), jobledger::domain::digest(&reversed));
+        let mut changed = forward.clone();
+        changed.insert("zz_extra".into(), json!(1));
+        prop_assert_ne!(jobledger::domain::digest(&serde_json::Value::Object(forward)), jobledger::domain::digest(&serde_json::Value::Object(changed)));
+    }
+}
