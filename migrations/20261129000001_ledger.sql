@@ -139,6 +139,29 @@ $$;
 CREATE TRIGGER jobs_notify_queued AFTER INSERT OR UPDATE OF state ON jobledger.jobs
     FOR EACH ROW WHEN (NEW.state = 'queued') EXECUTE FUNCTION jobledger.notify_queued();
 
+-- Tells the holder at once that a cancel was requested, so it can stop at its
+-- next step boundary instead of at its next heartbeat.
+CREATE FUNCTION jobledger.notify_cancel() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_notify('jobledger_cancel', NEW.job_id::text);
+    RETURN NULL;
+END
+$$;
+
+CREATE TRIGGER jobs_notify_cancel AFTER UPDATE OF state ON jobledger.jobs
+    FOR EACH ROW WHEN (NEW.state = 'cancel_requested' AND OLD.state <> 'cancel_requested')
+    EXECUTE FUNCTION jobledger.notify_cancel();
+
+-- Per-kind policies registered by workers; enqueue copies the kind's policy
+-- into the job (and its `enqueued` event) when the caller gives none.
+CREATE TABLE jobledger.kind_policies (
+    queue       text NOT NULL,
+    kind        text NOT NULL,
+    policy      jsonb NOT NULL,
+    updated_at  timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (queue, kind)
+);
+
 -- What is left of a purged job: enough to answer `stale` to anything from its
 -- lifecycle and to check its chain head. Its events stay in the log.
 CREATE TABLE jobledger.tombstones (

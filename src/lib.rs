@@ -5,3 +5,4 @@ pub mod domain;
 pub mod fake_provider;
 pub mod ledger;
 pub mod store;
+pub mod worker;

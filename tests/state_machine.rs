@@ -6,7 +6,7 @@
 use chrono::{DateTime, Duration, TimeZone, Utc};
 use jobledger::domain::{
     apply, decide, decide_enqueue, edge_allowed, event_hash, Command, Ctx, ErrorClass, Event, EventBody,
-    ExpiryPolicy, Fence, Job, JobState, NewJob, NextAction, Outcome, Policy, ReceiptPolicy, ReceiptStatus,
+    ExpiryPolicy, Fence, Job, JobState, NewJob, Outcome, Policy, ReceiptPolicy, ReceiptStatus,
 };
 use proptest::prelude::*;
 use serde_json::json;
@@ -242,9 +242,9 @@ proptest! {
         let mut now = start;
         let new = NewJob {
             queue: "q".into(), kind: "k".into(), job_key: Some("key".into()), payload: json!({"a": 1}),
-            priority: 0, run_at: None, delay_ms: None, policy, next_action: NextAction::Execute,
+            priority: 0, run_at: None, delay_ms: None, policy: Some(policy.clone()),
         };
-        let first = decide_enqueue(uuid::Uuid::now_v7(), 7, &new, &Ctx { now, actor: "api".into(), jitter });
+        let first = decide_enqueue(uuid::Uuid::now_v7(), 7, &new, &policy, &Ctx { now, actor: "api".into(), jitter });
         let mut job = apply(None, &first).unwrap();
         let mut events = vec![first];
         let mut observed: HashMap<String, String> = HashMap::new();

@@ -36,6 +36,52 @@ pub struct FenceArgs {
     pub worker: String,
 }
 
+/// Per-job policy. Without any of these flags the job gets the policy a
+/// worker registered for its (queue, kind), or the defaults; with any of
+/// them, the flags given plus the defaults for the rest.
+#[derive(Args, Debug, Clone, Default)]
+pub struct PolicyArgs {
+    /// Attempts within a run [default: 5].
+    #[arg(long)]
+    pub max_attempts: Option<i32>,
+    /// [default: 1s]
+    #[arg(long, value_parser = parse::duration)]
+    pub backoff_base: Option<std::time::Duration>,
+    /// [default: 5m]
+    #[arg(long, value_parser = parse::duration)]
+    pub backoff_cap: Option<std::time::Duration>,
+    /// [default: reconcile]
+    #[arg(long, value_parser = parse::expiry_policy)]
+    pub on_lease_expiry: Option<ExpiryPolicy>,
+    /// [default: 1h]
+    #[arg(long, value_parser = parse::duration)]
+    pub receipt_timeout: Option<std::time::Duration>,
+    /// [default: dead]
+    #[arg(long, value_parser = parse::receipt_policy)]
+    pub on_receipt_timeout: Option<ReceiptPolicy>,
+}
+
+impl PolicyArgs {
+    pub fn to_policy(&self) -> Option<jobledger::domain::Policy> {
+        let ms = |d: std::time::Duration| i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
+        let given = self.max_attempts.is_some()
+            || self.backoff_base.is_some()
+            || self.backoff_cap.is_some()
+            || self.on_lease_expiry.is_some()
+            || self.receipt_timeout.is_some()
+            || self.on_receipt_timeout.is_some();
+        let d = jobledger::domain::Policy::default();
+        given.then(|| jobledger::domain::Policy {
+            max_attempts: self.max_attempts.unwrap_or(d.max_attempts),
+            backoff_base_ms: self.backoff_base.map(ms).unwrap_or(d.backoff_base_ms),
+            backoff_cap_ms: self.backoff_cap.map(ms).unwrap_or(d.backoff_cap_ms),
+            on_lease_expiry: self.on_lease_expiry.unwrap_or(d.on_lease_expiry),
+            receipt_timeout_ms: self.receipt_timeout.map(ms).unwrap_or(d.receipt_timeout_ms),
+            on_receipt_timeout: self.on_receipt_timeout.unwrap_or(d.on_receipt_timeout),
+        })
+    }
+}
+
 #[derive(Subcommand, Debug)]
 pub enum Cmd {
     /// Create the database if missing and apply migrations.
@@ -58,18 +104,8 @@ pub enum Cmd {
         /// Lower runs first.
         #[arg(long, default_value_t = 0)]
         priority: i16,
-        #[arg(long, default_value_t = 5)]
-        max_attempts: i32,
-        #[arg(long, value_parser = parse::duration, default_value = "1s")]
-        backoff_base: std::time::Duration,
-        #[arg(long, value_parser = parse::duration, default_value = "5m")]
-        backoff_cap: std::time::Duration,
-        #[arg(long, value_parser = parse::expiry_policy, default_value = "reconcile")]
-        on_lease_expiry: ExpiryPolicy,
-        #[arg(long, value_parser = parse::duration, default_value = "1h")]
-        receipt_timeout: std::time::Duration,
-        #[arg(long, value_parser = parse::receipt_policy, default_value = "dead")]
-        on_receipt_timeout: ReceiptPolicy,
+        #[command(flatten)]
+        policy: PolicyArgs,
     },
     /// Claim due jobs (and take over expired leases under the reconcile policy).
     Claim {
@@ -192,6 +228,36 @@ pub enum Cmd {
     Verify { job: Option<Uuid> },
     /// Counts of jobs by state.
     Stats,
+    /// Run a worker that executes a shell command per job (payload on stdin,
+    /// JOBLEDGER_* environment variables; exit 0 success with stdout as the
+    /// result, 75 transient, anything else permanent).
+    Worker {
+        #[arg(long, required = true)]
+        queue: Vec<String>,
+        #[arg(long)]
+        exec: String,
+        /// Job kinds this worker runs [default: every kind].
+        #[arg(long)]
+        kind: Vec<String>,
+        #[arg(long, default_value_t = 8)]
+        concurrency: usize,
+        #[arg(long, value_parser = parse::lease, default_value = "30s")]
+        lease: std::time::Duration,
+        #[arg(long, value_parser = parse::lease, default_value = "10s")]
+        heartbeat: std::time::Duration,
+        #[arg(long, value_parser = parse::lease, default_value = "1s")]
+        poll: std::time::Duration,
+        #[arg(long, value_parser = parse::duration, default_value = "30s")]
+        drain_timeout: std::time::Duration,
+        /// Serve Prometheus metrics on this address (e.g. 127.0.0.1:9464).
+        #[arg(long)]
+        metrics_addr: Option<std::net::SocketAddr>,
+        #[arg(long, default_value = "exec")]
+        name: String,
+        /// Do not run the sweeper in this process.
+        #[arg(long)]
+        no_sweeper: bool,
+    },
     /// The main job end to end: enqueue, work, stall, take over, reconcile.
     Demo {
         #[arg(long, default_value_t = 300)]

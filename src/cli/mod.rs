@@ -2,5 +2,6 @@ pub mod args;
 pub mod demo;
 pub mod output;
 pub mod parse;
+pub mod private_pg;
 pub mod run;
 pub mod timeline;

@@ -7,7 +7,7 @@ use std::time::Duration;
 use super::args::{Cli, Cmd, FenceArgs};
 use super::output::{self, job_json, line, outcome_code, write_json, BadInput};
 use super::parse::json_arg;
-use jobledger::domain::{digest::fmt_time, Fence, NewJob, NextAction, Policy};
+use jobledger::domain::{digest::fmt_time, Fence, NewJob};
 use jobledger::ledger::{Found, Lease, Ledger, Limits, WriteResult};
 
 fn ms(d: Duration) -> i64 {
@@ -78,12 +78,7 @@ pub async fn run(cli: Cli) -> Result<i32> {
             delay,
             run_at,
             priority,
-            max_attempts,
-            backoff_base,
-            backoff_cap,
-            on_lease_expiry,
-            receipt_timeout,
-            on_receipt_timeout,
+            policy,
         } => {
             let new = NewJob {
                 queue: queue.clone(),
@@ -93,15 +88,7 @@ pub async fn run(cli: Cli) -> Result<i32> {
                 priority: *priority,
                 run_at: *run_at,
                 delay_ms: delay.map(ms),
-                policy: Policy {
-                    max_attempts: *max_attempts,
-                    backoff_base_ms: ms(*backoff_base),
-                    backoff_cap_ms: ms(*backoff_cap),
-                    on_lease_expiry: *on_lease_expiry,
-                    receipt_timeout_ms: ms(*receipt_timeout),
-                    on_receipt_timeout: *on_receipt_timeout,
-                },
-                next_action: NextAction::Execute,
+                policy: policy.to_policy(),
             };
             let e = ledger.enqueue(new).await?;
             line(&json!({
@@ -234,6 +221,51 @@ pub async fn run(cli: Cli) -> Result<i32> {
                           "problems": report.problems.len() }),
             );
             Ok(if report.ok() { output::OK } else { output::FAILURE })
+        }
+        Cmd::Worker {
+            queue,
+            exec,
+            kind,
+            concurrency,
+            lease,
+            heartbeat,
+            poll,
+            drain_timeout,
+            metrics_addr,
+            name,
+            no_sweeper,
+        } => {
+            if let Some(addr) = metrics_addr {
+                jobledger::worker::metrics::serve_prometheus(*addr).map_err(anyhow::Error::msg)?;
+            }
+            let handler = jobledger::worker::exec::exec_handler(exec);
+            let mut b = jobledger::worker::Worker::builder(ledger.clone())
+                .name(name)
+                .concurrency(*concurrency)
+                .lease(*lease)
+                .heartbeat_every(*heartbeat)
+                .poll_every(*poll)
+                .drain_timeout(*drain_timeout)
+                .sweeper((!no_sweeper).then_some(Duration::from_secs(1)));
+            for q in queue {
+                b = b.queue(q);
+            }
+            b = if kind.is_empty() {
+                b.any_kind(handler)
+            } else {
+                kind.iter().fold(b, |b, k| b.handler_fn(k, handler.clone()))
+            };
+            let worker = b.build()?;
+            let stop = tokio_util::sync::CancellationToken::new();
+            jobledger::worker::cancel_on_signals(stop.clone());
+            eprintln!(
+                "worker {} on {}: running `{exec}`",
+                worker.holder(),
+                queue.join(",")
+            );
+            let report = worker.run(stop).await?;
+            line(&serde_json::to_value(report)?);
+            Ok(output::OK)
         }
         Cmd::Stats => {
             for (state, n) in ledger.counts_by_state().await? {

@@ -4,7 +4,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::model::{wire_enum, ErrorClass, NextAction, Policy, ReceiptStatus};
+use super::model::{wire_enum, ErrorClass, Policy, ReceiptStatus};
 
 /// The generation a writer claims to act for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -130,8 +130,8 @@ pub struct NewJob {
     /// `None` means now (by the database clock).
     pub run_at: Option<DateTime<Utc>>,
     pub delay_ms: Option<i64>,
-    pub policy: Policy,
-    pub next_action: NextAction,
+    /// `None`: the policy registered for the job's (queue, kind), else the default.
+    pub policy: Option<Policy>,
 }
 
 /// Facts from outside the pure function: the database clock, who acts, and a

@@ -9,7 +9,8 @@ use super::command::{Command, Ctx, Fence, NewJob, Rejection};
 use super::digest::{digest, event_hash, fmt_time, to_micros};
 use super::event::{Event, EventBody};
 use super::model::{
-    ErrorClass, ExpiryPolicy, Job, JobState, NextAction, ReceiptPolicy, ReceiptStatus, Release, ReleaseOp,
+    ErrorClass, ExpiryPolicy, Job, JobState, NextAction, Policy, ReceiptPolicy, ReceiptStatus, Release,
+    ReleaseOp,
 };
 use super::reason::Reason;
 
@@ -63,7 +64,8 @@ fn later(ctx: &Ctx, ms: i64) -> chrono::DateTime<chrono::Utc> {
 }
 
 /// The first event of a job.
-pub fn decide_enqueue(job_id: Uuid, epoch: i64, new: &NewJob, ctx: &Ctx) -> Event {
+/// `policy` is the resolved policy (the caller's, the kind's or the default).
+pub fn decide_enqueue(job_id: Uuid, epoch: i64, new: &NewJob, policy: &Policy, ctx: &Ctx) -> Event {
     let run_at = match (new.run_at, new.delay_ms) {
         (Some(at), _) => to_micros(at),
         (None, Some(ms)) => later(ctx, ms),
@@ -90,7 +92,7 @@ pub fn decide_enqueue(job_id: Uuid, epoch: i64, new: &NewJob, ctx: &Ctx) -> Even
             payload_digest: digest(&new.payload),
             priority: new.priority,
             run_at,
-            policy: new.policy.clone(),
+            policy: policy.clone(),
         },
         prev_hash: None,
         hash: String::new(),

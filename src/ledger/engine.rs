@@ -230,3 +230,59 @@ pub(crate) async fn record_refusal(
     rejections::insert_rejection(pool, &row).await?;
     Ok(())
 }
+
+/// Several transitions of different jobs in one transaction, each decided and
+/// fenced on its own: the batched completions and heartbeats of a worker.
+/// Results come back in the order of `items`.
+pub(crate) async fn transition_many(
+    pool: &sqlx::PgPool,
+    items: Vec<(Uuid, String, Command)>,
+) -> LedgerResult<Vec<WriteResult>> {
+    let mut ids: Vec<Uuid> = items.iter().map(|(id, _, _)| *id).collect();
+    ids.sort();
+    ids.dedup();
+    let mut tx = pool.begin().await?;
+    let mut locked: std::collections::HashMap<Uuid, (Job, chrono::DateTime<chrono::Utc>)> =
+        to_jobs(jobs::lock_jobs(&mut tx, &ids).await?)?
+            .into_iter()
+            .map(|(j, now)| (j.job_id, (j, now)))
+            .collect();
+    let mut decided = Vec::with_capacity(items.len());
+    let mut missing = Vec::new();
+    for (i, (id, actor, cmd)) in items.iter().enumerate() {
+        match locked.remove(id) {
+            Some((job, now)) => {
+                let d = decide(&job, cmd, &ctx(now, actor));
+                decided.push((i, job, d));
+            }
+            None => missing.push(i),
+        }
+    }
+    let order: Vec<usize> = decided.iter().map(|(i, _, _)| *i).collect();
+    let written = write_decisions(&mut tx, decided.into_iter().map(|(_, j, d)| (j, d)).collect()).await?;
+    tx.commit().await?;
+    let mut out: Vec<Option<WriteResult>> = vec![None; items.len()];
+    for (i, r) in order.into_iter().zip(written) {
+        out[i] = Some(r);
+    }
+    for i in missing {
+        let id = items[i].0;
+        out[i] = Some(match tombstones::find_tombstone(pool, id).await? {
+            Some(_) => WriteResult::purged(id),
+            None => WriteResult {
+                outcome: Outcome::Stale,
+                job_id: id,
+                job: None,
+                position: None,
+                event: None,
+                detail: Some("no such job".into()),
+                purged: false,
+            },
+        });
+    }
+    let out: Vec<WriteResult> = out.into_iter().map(|r| r.expect("every item answered")).collect();
+    for ((_, actor, cmd), r) in items.iter().zip(&out) {
+        record_refusal(pool, cmd, actor, r).await?;
+    }
+    Ok(out)
+}

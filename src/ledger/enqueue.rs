@@ -3,14 +3,14 @@
 
 use serde::Serialize;
 use sqlx::PgConnection;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use tracing::instrument;
 use uuid::Uuid;
 
 use super::error::{LedgerError, LedgerResult};
 use super::Ledger;
-use crate::domain::{apply, decide_enqueue, Ctx, Job, NewJob};
-use crate::store::{events, jobs, EventRow, JobRow, StoreError};
+use crate::domain::{apply, decide_enqueue, Ctx, Job, NewJob, Policy};
+use crate::store::{events, jobs, policies, EventRow, JobRow, StoreError};
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Enqueued {
@@ -51,6 +51,7 @@ impl Ledger {
         if news.is_empty() {
             return Ok(vec![]);
         }
+        let registered = self.registered_policies(conn, &news).await?;
         let (epochs, now) = jobs::next_epochs(conn, news.len() as i64).await?;
         let ctx = Ctx {
             now,
@@ -59,7 +60,14 @@ impl Ledger {
         };
         let mut drafts = Vec::with_capacity(news.len());
         for (new, epoch) in news.iter().zip(epochs) {
-            let ev = decide_enqueue(Uuid::now_v7(), epoch, new, &ctx);
+            let policy = match &new.policy {
+                Some(p) => p.clone(),
+                None => registered
+                    .get(&(new.queue.clone(), new.kind.clone()))
+                    .cloned()
+                    .unwrap_or_default(),
+            };
+            let ev = decide_enqueue(Uuid::now_v7(), epoch, new, &policy, &ctx);
             let job = apply(None, &ev).map_err(|e| StoreError::Corrupt(e.to_string()))?;
             drafts.push((ev, job));
         }
@@ -109,6 +117,39 @@ impl Ledger {
         })
     }
 
+    /// Policies workers registered for the kinds of jobs that bring none.
+    async fn registered_policies(
+        &self,
+        conn: &mut PgConnection,
+        news: &[NewJob],
+    ) -> LedgerResult<HashMap<(String, String), Policy>> {
+        let wanted: HashSet<(String, String)> = news
+            .iter()
+            .filter(|n| n.policy.is_none())
+            .map(|n| (n.queue.clone(), n.kind.clone()))
+            .collect();
+        if wanted.is_empty() {
+            return Ok(HashMap::new());
+        }
+        let (queues, kinds): (Vec<String>, Vec<String>) = wanted.into_iter().unzip();
+        let rows = policies::kind_policies(&mut *conn, &queues, &kinds).await?;
+        rows.into_iter()
+            .map(|(q, k, v)| {
+                let p = serde_json::from_value(v)
+                    .map_err(|e| StoreError::Corrupt(format!("policy of {q}/{k}: {e}")))?;
+                Ok(((q, k), p))
+            })
+            .collect()
+    }
+
+    /// Registers the policy new jobs of (queue, kind) get when they bring none.
+    pub async fn register_policy(&self, queue: &str, kind: &str, policy: &Policy) -> LedgerResult<()> {
+        check_policy(policy)?;
+        let v = serde_json::to_value(policy).expect("policy serialises");
+        policies::upsert_kind_policy(&self.pool, queue, kind, &v).await?;
+        Ok(())
+    }
+
     fn check_new(&self, n: &NewJob) -> LedgerResult<()> {
         let l = &self.limits;
         l.name("queue", &n.queue)?;
@@ -117,21 +158,27 @@ impl Ledger {
             l.name("job key", k)?;
         }
         l.json("payload", &n.payload)?;
-        let p = &n.policy;
-        if p.max_attempts < 1 || p.max_attempts > 1000 {
-            return Err(LedgerError::BadInput(format!(
-                "max attempts {} is not in 1..=1000",
-                p.max_attempts
-            )));
-        }
-        if p.backoff_base_ms < 0 || p.backoff_cap_ms < p.backoff_base_ms || p.receipt_timeout_ms <= 0 {
-            return Err(LedgerError::BadInput(
-                "backoff and receipt timeouts must be positive, cap >= base".into(),
-            ));
+        if let Some(p) = &n.policy {
+            check_policy(p)?;
         }
         if n.delay_ms.is_some_and(|d| d < 0) {
             return Err(LedgerError::BadInput("delay must not be negative".into()));
         }
         Ok(())
     }
+}
+
+fn check_policy(p: &Policy) -> LedgerResult<()> {
+    if p.max_attempts < 1 || p.max_attempts > 1000 {
+        return Err(LedgerError::BadInput(format!(
+            "max attempts {} is not in 1..=1000",
+            p.max_attempts
+        )));
+    }
+    if p.backoff_base_ms < 0 || p.backoff_cap_ms < p.backoff_base_ms || p.receipt_timeout_ms <= 0 {
+        return Err(LedgerError::BadInput(
+            "backoff and receipt timeouts must be positive, cap >= base".into(),
+        ));
+    }
+    Ok(())
 }

@@ -8,7 +8,7 @@ use std::time::Duration;
 use tracing::instrument;
 use uuid::Uuid;
 
-use super::engine::{record_refusal, run_transition, transition_in, WriteResult};
+use super::engine::{record_refusal, run_transition, transition_in, transition_many, WriteResult};
 use super::error::LedgerResult;
 use super::Ledger;
 use crate::domain::{Command, ErrorClass, Fence, Job, NextAction};
@@ -192,5 +192,54 @@ impl Lease {
         self.ledger
             .observe(self.job_id, Some(self.fence), key, data, &self.holder)
             .await
+    }
+
+    /// Completes several leases in one transaction; each is fenced on its own
+    /// and gets its own answer (in order). A worker's batched completions.
+    pub async fn complete_many(
+        ledger: &Ledger,
+        items: Vec<(&Lease, Option<Value>)>,
+    ) -> LedgerResult<Vec<WriteResult>> {
+        for (_, r) in &items {
+            if let Some(r) = r {
+                ledger.limits.json("result", r)?;
+            }
+        }
+        let cmds = items
+            .into_iter()
+            .map(|(l, result)| {
+                (
+                    l.job_id,
+                    l.holder.clone(),
+                    Command::Complete {
+                        fence: l.fence,
+                        result,
+                    },
+                )
+            })
+            .collect();
+        transition_many(&ledger.pool, cmds).await
+    }
+
+    /// Extends several leases in one transaction, each fenced on its own.
+    pub async fn heartbeat_many(
+        ledger: &Ledger,
+        leases: &[&Lease],
+        lease: Duration,
+    ) -> LedgerResult<Vec<WriteResult>> {
+        let cmds = leases
+            .iter()
+            .map(|l| {
+                (
+                    l.job_id,
+                    l.holder.clone(),
+                    Command::Heartbeat {
+                        fence: l.fence,
+                        lease_ms: millis(lease),
+                    },
+                )
+            })
+            .collect();
+        transition_many(&ledger.pool, cmds).await
     }
 }

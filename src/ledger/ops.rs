@@ -287,4 +287,9 @@ impl Ledger {
     pub async fn jobs_with_event_in(&self, queue: &str, kind: &str) -> LedgerResult<Vec<Uuid>> {
         Ok(events::jobs_with_event_in_queue(&self.pool, queue, kind).await?)
     }
+
+    /// Per queue, seconds since the oldest unfinished job was enqueued.
+    pub async fn oldest_open_age(&self) -> LedgerResult<Vec<(String, f64)>> {
+        Ok(jobs::oldest_open_age(&self.pool).await?)
+    }
 }

@@ -248,3 +248,14 @@ pub async fn count_by_state_in_queue<'e>(
     .fetch_all(exec)
     .await?)
 }
+
+/// Per queue, the age in seconds of the oldest job not yet in a terminal
+/// state (the seeds' "oldest pending age").
+pub async fn oldest_open_age<'e>(exec: impl PgExecutor<'e>) -> StoreResult<Vec<(String, f64)>> {
+    Ok(sqlx::query_as(
+        "SELECT queue, extract(epoch FROM now() - min(created_at))::float8 FROM jobledger.jobs \
+         WHERE state NOT IN ('succeeded', 'cancelled', 'dead') GROUP BY queue",
+    )
+    .fetch_all(exec)
+    .await?)
+}

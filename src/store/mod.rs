@@ -6,6 +6,8 @@
 
 pub mod events;
 pub mod jobs;
+pub mod locks;
+pub mod policies;
 pub mod rejections;
 pub mod rows;
 pub mod schema;

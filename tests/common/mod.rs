@@ -2,7 +2,7 @@
 //! move time by rewriting `lease_until` / `run_at` in the database.
 #![allow(dead_code)]
 
-use jobledger::domain::{NewJob, NextAction, Policy};
+use jobledger::domain::{NewJob, Policy};
 use jobledger::ledger::{Lease, Ledger};
 use serde_json::{json, Value};
 use sqlx::{Connection, PgConnection};
@@ -79,7 +79,7 @@ impl TestDb {
 
     pub async fn enqueue_with(&self, policy: Policy) -> jobledger::domain::Job {
         let mut n = new_job("q", None, json!({}));
-        n.policy = policy;
+        n.policy = Some(policy);
         self.ledger.enqueue(n).await.expect("enqueue").job
     }
 
@@ -128,7 +128,36 @@ pub fn new_job(queue: &str, key: Option<&str>, payload: Value) -> NewJob {
         priority: 0,
         run_at: None,
         delay_ms: None,
-        policy: Policy::default(),
-        next_action: NextAction::Execute,
+        policy: None,
+    }
+}
+
+/// Waits for a condition of the database to hold (polls; the deadline only
+/// turns a hang into a failure, it orders nothing).
+pub async fn eventually<F, Fut>(what: &str, mut cond: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !cond().await {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out waiting for: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+impl TestDb {
+    pub async fn state_of(&self, id: Uuid) -> jobledger::domain::JobState {
+        self.job(id).await.state
+    }
+
+    pub async fn open_jobs(&self) -> i64 {
+        self.count(
+            "SELECT count(*) FROM jobledger.jobs WHERE state NOT IN ('succeeded', 'cancelled', 'dead')",
+        )
+        .await
     }
 }

@@ -1,0 +1,109 @@
+//! `jobledger worker --exec`: the exit-status contract of the exec handler,
+//! through a real Worker and real shell commands.
+
+mod common;
+
+use common::{eventually, fresh, new_job};
+use jobledger::domain::{ErrorClass, JobState, Policy, Reason};
+use jobledger::worker::exec::exec_handler;
+use jobledger::worker::Worker;
+use serde_json::json;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+async fn run_one(db: &common::TestDb, command: &str, payload: serde_json::Value) -> jobledger::domain::Job {
+    let mut n = new_job("q", Some("key-1"), payload);
+    n.policy = Some(Policy {
+        max_attempts: 2,
+        backoff_base_ms: 3_600_000,
+        backoff_cap_ms: 3_600_000,
+        ..Policy::default()
+    });
+    let job = db.ledger.enqueue(n).await.unwrap().job;
+    let w = Worker::builder(db.ledger.clone())
+        .queue("q")
+        .poll_every(Duration::from_millis(20))
+        .sweeper(None)
+        .any_kind(exec_handler(command))
+        .build()
+        .unwrap();
+    let stop = CancellationToken::new();
+    let s = stop.clone();
+    let h = tokio::spawn(async move { w.run(s).await.unwrap() });
+    eventually("the command ran", || async {
+        db.job(job.job_id).await.attempt == 1 && !db.job(job.job_id).await.state.is_held()
+    })
+    .await;
+    stop.cancel();
+    h.await.unwrap();
+    db.job(job.job_id).await
+}
+
+#[tokio::test]
+async fn exit_zero_is_success_with_stdout_as_the_result() {
+    let db = fresh().await;
+    let cmd = r#"amount=$(cat | sed 's/[^0-9]//g'); printf '{"amount": %s, "key": "%s", "attempt": %s, "next": "%s"}' "$amount" "$JOBLEDGER_KEY" "$JOBLEDGER_ATTEMPT" "$JOBLEDGER_NEXT_ACTION""#;
+    let j = run_one(&db, cmd, json!({"amount": 42})).await;
+    assert_eq!(j.state, JobState::Succeeded);
+    assert_eq!(
+        j.result.unwrap(),
+        json!({"amount": 42, "key": "key-1", "attempt": 1, "next": "execute"})
+    );
+
+    let db = fresh().await;
+    let j = run_one(&db, "echo plain text", json!({})).await;
+    assert_eq!(j.result.unwrap(), json!("plain text"));
+}
+
+#[tokio::test]
+async fn exit_75_is_transient() {
+    let db = fresh().await;
+    let j = run_one(&db, "echo 'provider busy' >&2; exit 75", json!({})).await;
+    assert_eq!((j.state, j.reason), (JobState::Queued, Reason::RetryScheduled));
+    let e = j.last_error.unwrap();
+    assert_eq!(
+        (e.class, e.code.as_str(), e.message.as_deref()),
+        (ErrorClass::Transient, "exit_75", Some("provider busy"))
+    );
+}
+
+#[tokio::test]
+async fn other_exit_codes_are_permanent() {
+    let db = fresh().await;
+    let j = run_one(&db, "echo 'bad request' >&2; exit 3", json!({})).await;
+    assert_eq!((j.state, j.reason), (JobState::Dead, Reason::PermanentError));
+    let e = j.last_error.unwrap();
+    assert_eq!((e.class, e.code.as_str()), (ErrorClass::Permanent, "exit_3"));
+}
+
+#[tokio::test]
+async fn a_cancel_terminates_the_command_and_is_confirmed() {
+    let db = fresh().await;
+    let mark = std::env::temp_dir().join(format!("jl-exec-{}", uuid::Uuid::new_v4()));
+    let cmd = format!(
+        "trap 'exit 143' TERM; touch {}; while :; do sleep 0.02; done",
+        mark.display()
+    );
+    let job = db.enqueue(None, json!({})).await;
+    let w = Worker::builder(db.ledger.clone())
+        .queue("q")
+        .poll_every(Duration::from_millis(20))
+        .sweeper(None)
+        .any_kind(exec_handler(&cmd))
+        .build()
+        .unwrap();
+    let stop = CancellationToken::new();
+    let s = stop.clone();
+    let h = tokio::spawn(async move { w.run(s).await.unwrap() });
+    eventually("the command started", || async { mark.exists() }).await;
+    db.ledger.cancel(job.job_id, None).await.unwrap();
+    eventually("the cancel is confirmed", || async {
+        db.state_of(job.job_id).await == JobState::Cancelled
+    })
+    .await;
+    stop.cancel();
+    let report = h.await.unwrap();
+    assert_eq!(report.cancelled, 1);
+    assert_eq!(db.job(job.job_id).await.reason, Reason::CancelConfirmed);
+    let _ = std::fs::remove_file(mark);
+}

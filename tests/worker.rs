@@ -1,0 +1,392 @@
+//! The DESIGN.md scenarios driven through real `Worker`s: zombie worker,
+//! takeover with reconcile, cancel at a step boundary, retries, permanent
+//! and exhausted failures, graceful shutdown, two workers on one queue.
+
+mod common;
+
+use common::{eventually, fresh, new_job, TestDb};
+use jobledger::domain::{JobState, NextAction, Policy, Reason};
+use jobledger::fake_provider::FakeProvider;
+use jobledger::worker::{BoxFuture, HandlerOutcome, Hooks, JobContext, Worker, WorkerReport};
+use serde_json::json;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{mpsc, watch, Notify};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+fn base(db: &TestDb, name: &str) -> jobledger::worker::WorkerBuilder {
+    Worker::builder(db.ledger.clone())
+        .name(name)
+        .queue("q")
+        .concurrency(4)
+        .lease(Duration::from_secs(30))
+        .heartbeat_every(Duration::from_secs(10))
+        .poll_every(Duration::from_millis(50))
+        .sweeper(None)
+}
+
+fn start(worker: Worker) -> (CancellationToken, JoinHandle<WorkerReport>) {
+    let stop = CancellationToken::new();
+    let s = stop.clone();
+    (
+        stop,
+        tokio::spawn(async move { worker.run(s).await.expect("worker runs") }),
+    )
+}
+
+async fn stop(handle: (CancellationToken, JoinHandle<WorkerReport>)) -> WorkerReport {
+    handle.0.cancel();
+    handle.1.await.unwrap()
+}
+
+fn fast_retries(max_attempts: i32) -> Policy {
+    Policy {
+        max_attempts,
+        backoff_base_ms: 0,
+        backoff_cap_ms: 0,
+        ..Policy::default()
+    }
+}
+
+/// Scenarios 1, 6 through workers: worker A calls the provider and freezes
+/// (handler and heartbeats) past its lease; worker B takes over with next
+/// action reconcile, finds the refund, completes. A thaws: its late
+/// completion writes nothing and is counted as a lost lease.
+#[tokio::test]
+async fn frozen_worker_is_taken_over_and_its_late_write_is_stale() {
+    let db = fresh().await;
+    let provider = Arc::new(FakeProvider::new());
+    let job = db.enqueue(Some("refund-1"), json!({"amount": 1})).await;
+
+    let (thaw_tx, thaw_rx) = watch::channel(false);
+    let (called_tx, mut called_rx) = mpsc::channel(1);
+    let frozen = {
+        let t = thaw_rx.clone();
+        Arc::new(move || {
+            let mut t = t.clone();
+            Box::pin(async move {
+                let _ = t.wait_for(|v| *v).await;
+            }) as BoxFuture<()>
+        })
+    };
+    let p = provider.clone();
+    let a = base(&db, "a")
+        .heartbeat_every(Duration::from_millis(100))
+        .lease(Duration::from_secs(1))
+        .hooks(Hooks {
+            before_heartbeat: Some(frozen),
+            ..Hooks::default()
+        })
+        .handler("refund", move |ctx: JobContext| {
+            let (p, mut thaw, called) = (p.clone(), thaw_rx.clone(), called_tx.clone());
+            async move {
+                let id = p.refund(ctx.job_key().unwrap()).unwrap();
+                called.send(()).await.unwrap();
+                let _ = thaw.wait_for(|v| *v).await;
+                HandlerOutcome::success(json!({ "refund_id": id }))
+            }
+        })
+        .build()
+        .unwrap();
+    let a = start(a);
+    called_rx.recv().await.unwrap();
+    db.expire_lease(job.job_id).await;
+
+    let p = provider.clone();
+    let seen = Arc::new(std::sync::Mutex::new(None));
+    let s2 = seen.clone();
+    let b = base(&db, "b")
+        .handler("refund", move |ctx: JobContext| {
+            let (p, seen) = (p.clone(), s2.clone());
+            async move {
+                *seen.lock().unwrap() = Some(ctx.next_action());
+                match p.lookup(ctx.job_key().unwrap()) {
+                    Some(id) => HandlerOutcome::success(json!({ "refund_id": id, "reconciled": true })),
+                    None => HandlerOutcome::transient("not_found_yet"),
+                }
+            }
+        })
+        .build()
+        .unwrap();
+    let b = start(b);
+    eventually("B completes the job", || async {
+        db.state_of(job.job_id).await == JobState::Succeeded
+    })
+    .await;
+    assert_eq!(*seen.lock().unwrap(), Some(NextAction::Reconcile));
+
+    thaw_tx.send(true).unwrap();
+    let a = stop(a).await;
+    let b = stop(b).await;
+    assert_eq!(
+        (a.succeeded, a.lost_leases),
+        (0, 1),
+        "A's late completion is refused: {a:?}"
+    );
+    assert_eq!((b.succeeded, b.takeovers), (1, 1), "{b:?}");
+    assert_eq!(provider.executions("refund-1"), 1, "no second refund");
+    let j = db.job(job.job_id).await;
+    assert_eq!(j.result.unwrap()["reconciled"], true);
+    let refused = db
+        .count("SELECT count(*) FROM jobledger.rejections WHERE outcome = 'stale'")
+        .await;
+    assert!(refused >= 1, "the refused write is on record");
+}
+
+/// Scenario 8 through a worker: the cancel reaches the running handler
+/// (LISTEN/NOTIFY), which stops at its next step boundary and confirms.
+#[tokio::test]
+async fn cancel_reaches_the_handler_at_a_step_boundary() {
+    let db = fresh().await;
+    let job = db.enqueue(None, json!({})).await;
+    let (at_step_tx, mut at_step_rx) = mpsc::channel(1);
+    let side_effects = Arc::new(AtomicUsize::new(0));
+    let se = side_effects.clone();
+    let w = base(&db, "w")
+        .handler("refund", move |ctx: JobContext| {
+            let (tx, se) = (at_step_tx.clone(), se.clone());
+            async move {
+                if let Err(s) = ctx.step("first").await {
+                    return s.into();
+                }
+                tx.send(()).await.unwrap();
+                ctx.cancelled().await; // the signal fires: no sleep, no poll
+                if let Err(s) = ctx.step("second").await {
+                    return s.into();
+                }
+                se.fetch_add(1, Ordering::SeqCst);
+                HandlerOutcome::success(json!({}))
+            }
+        })
+        .build()
+        .unwrap();
+    let w = start(w);
+    at_step_rx.recv().await.unwrap();
+    let r = db
+        .ledger
+        .cancel(job.job_id, Some("user clicked cancel"))
+        .await
+        .unwrap();
+    assert_eq!(r.job.unwrap().state, JobState::CancelRequested);
+    eventually("the cancel is confirmed", || async {
+        db.state_of(job.job_id).await == JobState::Cancelled
+    })
+    .await;
+    let report = stop(w).await;
+    assert_eq!(report.cancelled, 1);
+    assert_eq!(
+        side_effects.load(Ordering::SeqCst),
+        0,
+        "no side effect after the cancel"
+    );
+    assert_eq!(db.job(job.job_id).await.reason, Reason::CancelConfirmed);
+}
+
+/// Scenario 9 through a worker: transient then success; permanent; exhausted.
+#[tokio::test]
+async fn retries_permanent_and_exhausted_through_a_worker() {
+    let db = fresh().await;
+    let mut flaky = new_job("q", Some("flaky"), json!({"mode": "flaky"}));
+    flaky.policy = Some(fast_retries(3));
+    let flaky = db.ledger.enqueue(flaky).await.unwrap().job;
+    let mut perm = new_job("q", Some("perm"), json!({"mode": "permanent"}));
+    perm.policy = Some(fast_retries(3));
+    let perm = db.ledger.enqueue(perm).await.unwrap().job;
+    let mut never = new_job("q", Some("never"), json!({"mode": "always"}));
+    never.policy = Some(fast_retries(2));
+    let never = db.ledger.enqueue(never).await.unwrap().job;
+
+    let w = base(&db, "w")
+        .handler("refund", |ctx: JobContext| async move {
+            match (ctx.payload()["mode"].as_str(), ctx.attempt()) {
+                (Some("flaky"), 1) => HandlerOutcome::transient("provider_busy"),
+                (Some("flaky"), _) => HandlerOutcome::success(json!({"attempt": ctx.attempt()})),
+                (Some("permanent"), _) => HandlerOutcome::permanent("account_closed"),
+                _ => HandlerOutcome::transient("provider_busy"),
+            }
+        })
+        .build()
+        .unwrap();
+    let w = start(w);
+    eventually("all three end", || async { db.open_jobs().await == 0 }).await;
+    let report = stop(w).await;
+
+    let f = db.job(flaky.job_id).await;
+    assert_eq!(
+        (f.state, f.attempt, f.result.unwrap()["attempt"].as_i64()),
+        (JobState::Succeeded, 2, Some(2))
+    );
+    let p = db.job(perm.job_id).await;
+    assert_eq!(
+        (p.state, p.reason, p.attempt),
+        (JobState::Dead, Reason::PermanentError, 1)
+    );
+    let n = db.job(never.job_id).await;
+    assert_eq!(
+        (n.state, n.reason, n.attempt),
+        (JobState::Dead, Reason::AttemptsExhausted, 2)
+    );
+    assert_eq!(n.last_error.unwrap().code, "provider_busy");
+    assert_eq!(
+        (report.succeeded, report.dead, report.retried),
+        (1, 2, 2),
+        "{report:?}"
+    );
+}
+
+/// Graceful shutdown: running handlers finish within the drain timeout;
+/// a job claimed but not yet started is released without burning an
+/// attempt; stopping twice is harmless.
+#[tokio::test]
+async fn graceful_shutdown_drains_and_releases_unstarted_work() {
+    let db = fresh().await;
+    let running = db.enqueue(Some("running"), json!({})).await;
+    let (started_tx, mut started_rx) = mpsc::channel(1);
+    let finish = Arc::new(Notify::new());
+    let f2 = finish.clone();
+    let w = base(&db, "w")
+        .concurrency(1)
+        .handler("refund", move |_ctx: JobContext| {
+            let (tx, finish) = (started_tx.clone(), f2.clone());
+            async move {
+                tx.send(()).await.unwrap();
+                finish.notified().await;
+                HandlerOutcome::success(json!({"finished": true}))
+            }
+        })
+        .build()
+        .unwrap();
+    let (stop_token, handle) = start(w);
+    started_rx.recv().await.unwrap();
+    stop_token.cancel();
+    stop_token.cancel();
+    assert!(!handle.is_finished(), "the in-flight job holds the drain");
+    finish.notify_one();
+    let report = handle.await.unwrap();
+    assert_eq!(report.succeeded, 1);
+    assert_eq!(db.state_of(running.job_id).await, JobState::Succeeded);
+
+    // Claimed, then shutdown before it starts: released, attempt not burned.
+    let unstarted = db.enqueue(Some("unstarted"), json!({})).await;
+    let (claimed_tx, mut claimed_rx) = mpsc::channel(1);
+    let go = Arc::new(Notify::new());
+    let g2 = go.clone();
+    let hook = Arc::new(move |_ids| {
+        let (tx, go) = (claimed_tx.clone(), g2.clone());
+        Box::pin(async move {
+            tx.send(()).await.unwrap();
+            go.notified().await;
+        }) as BoxFuture<()>
+    });
+    let w = base(&db, "w2")
+        .hooks(Hooks {
+            after_claim: Some(hook),
+            ..Hooks::default()
+        })
+        .handler("refund", |_ctx: JobContext| async {
+            HandlerOutcome::success(json!({}))
+        })
+        .build()
+        .unwrap();
+    let (stop_token, handle) = start(w);
+    claimed_rx.recv().await.unwrap();
+    stop_token.cancel();
+    go.notify_one();
+    let report = handle.await.unwrap();
+    assert_eq!(
+        (report.claimed, report.released, report.succeeded),
+        (1, 1, 0),
+        "{report:?}"
+    );
+    let j = db.job(unstarted.job_id).await;
+    assert_eq!(
+        (j.state, j.attempt, j.reason),
+        (JobState::Queued, 0, Reason::ReleasedUnstarted)
+    );
+}
+
+/// Two workers on one queue: every job runs to success exactly once.
+#[tokio::test]
+async fn two_workers_never_both_complete_a_job() {
+    let db = fresh().await;
+    let n = 200;
+    let news: Vec<_> = (0..n)
+        .map(|i| new_job("q", Some(&format!("k{i}")), json!({"i": i})))
+        .collect();
+    let mut tx = db.ledger.pool().begin().await.unwrap();
+    db.ledger.enqueue_many_in(&mut tx, news).await.unwrap();
+    tx.commit().await.unwrap();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let mk = |name: &str| {
+        let runs = runs.clone();
+        base(&db, name)
+            .concurrency(8)
+            .handler("refund", move |_ctx: JobContext| {
+                let runs = runs.clone();
+                async move {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    HandlerOutcome::success(json!({}))
+                }
+            })
+            .build()
+            .unwrap()
+    };
+    let (a, b) = (start(mk("a")), start(mk("b")));
+    eventually("all jobs done", || async { db.open_jobs().await == 0 }).await;
+    let (ra, rb) = (stop(a).await, stop(b).await);
+    assert_eq!(ra.succeeded + rb.succeeded, n as u64);
+    assert!(ra.succeeded > 0 && rb.succeeded > 0, "both worked: {ra:?} {rb:?}");
+    assert_eq!(runs.load(Ordering::SeqCst), n);
+    assert_eq!(
+        db.count("SELECT count(*) FROM (SELECT job_id FROM jobledger.events WHERE type = 'succeeded' GROUP BY job_id HAVING count(*) > 1) d").await,
+        0
+    );
+    db.assert_verified().await;
+}
+
+/// Kinds without a handler fail clearly; a panicking handler is a transient
+/// error, not a dead worker; a worker's registered policy applies to jobs
+/// enqueued without one.
+#[tokio::test]
+async fn unknown_kinds_panics_and_registered_policies() {
+    let db = fresh().await;
+    let mut stray = new_job("q", None, json!({}));
+    stray.kind = "nobody-handles-this".into();
+    let stray = db.ledger.enqueue(stray).await.unwrap().job;
+    let mut boom = new_job("q", None, json!({"boom": true}));
+    boom.kind = "boom".into();
+    boom.policy = Some(fast_retries(1));
+    let boom = db.ledger.enqueue(boom).await.unwrap().job;
+    let w = base(&db, "w")
+        .policy(
+            "refund",
+            Policy {
+                max_attempts: 7,
+                ..Policy::default()
+            },
+        )
+        .handler("refund", |_ctx: JobContext| async {
+            HandlerOutcome::success(json!({}))
+        })
+        .handler("boom", |_ctx: JobContext| async { panic!("handler bug") })
+        .build()
+        .unwrap();
+    let w = start(w);
+    eventually("both end", || async { db.open_jobs().await == 0 }).await;
+    let s = db.job(stray.job_id).await;
+    assert_eq!(
+        (s.state, s.last_error.unwrap().code.as_str()),
+        (JobState::Dead, "unknown_kind")
+    );
+    let b = db.job(boom.job_id).await;
+    assert_eq!(
+        (b.state, b.last_error.unwrap().code.as_str()),
+        (JobState::Dead, "handler_panicked")
+    );
+    // Registered at start: later jobs of the kind get it.
+    let later = db.enqueue(None, json!({})).await;
+    assert_eq!(later.policy.max_attempts, 7);
+    stop(w).await;
+}
