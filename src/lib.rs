@@ -4,5 +4,6 @@
 pub mod domain;
 pub mod fake_provider;
 pub mod ledger;
+pub mod reader;
 pub mod store;
 pub mod worker;

@@ -299,3 +299,32 @@ proptest! {
         prop_assert_ne!(jobledger::domain::digest(&serde_json::Value::Object(forward)), jobledger::domain::digest(&serde_json::Value::Object(changed)));
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 200, .. ProptestConfig::default() })]
+
+    /// The fast hash writer hashes exactly the canonical JSON of the
+    /// specified object, for any actor text, payload and optional fields.
+    #[test]
+    fn fast_hash_equals_the_specified_canonical_form(
+        actor in ".{0,12}",
+        key in proptest::option::of("[a-z\"\\\\]{0,6}"),
+        n in any::<i64>(),
+        f in any::<f64>().prop_filter("finite", |f| f.is_finite()),
+        text in ".{0,10}",
+    ) {
+        let new = NewJob {
+            queue: "q".into(), kind: "k".into(), job_key: key, payload: json!({"n": n, "f": f, "t": text, "z": [1, {"b": 2, "a": null}]}),
+            priority: 0, run_at: None, delay_ms: None, policy: None,
+        };
+        let ctx = Ctx { now: Utc::now(), actor, jitter: 0.5 };
+        let ev = decide_enqueue(uuid::Uuid::now_v7(), 3, &new, &Policy::default(), &ctx);
+        let spec = jobledger::domain::digest::covered_value(&ev);
+        let expected = {
+            use sha2::Digest;
+            hex::encode(sha2::Sha256::digest(jobledger::domain::canonical_json(&spec).as_bytes()))
+        };
+        prop_assert_eq!(&ev.hash, &expected);
+        prop_assert_eq!(event_hash(&ev), expected);
+    }
+}

@@ -258,6 +258,22 @@ pub enum Cmd {
         #[arg(long)]
         no_sweeper: bool,
     },
+    /// Throughput and latency figures (JSON lines), in a throwaway database.
+    Bench {
+        /// Run only these workloads: w1, w2, w3, latency, w3-history.
+        #[arg(long)]
+        only: Vec<String>,
+        #[arg(long, default_value_t = 10_000)]
+        w1_jobs: usize,
+        #[arg(long, default_value_t = 100_000)]
+        w2_jobs: usize,
+        #[arg(long, default_value_t = 50_000)]
+        w3_jobs: usize,
+        #[arg(long, default_value_t = 1_000_000)]
+        history_events: usize,
+        #[arg(long, default_value_t = 200)]
+        latency_samples: usize,
+    },
     /// The main job end to end: enqueue, work, stall, take over, reconcile.
     Demo {
         #[arg(long, default_value_t = 300)]

@@ -1,4 +1,5 @@
 pub mod args;
+pub mod bench;
 pub mod demo;
 pub mod output;
 pub mod parse;

@@ -64,12 +64,32 @@ pub async fn run(cli: Cli) -> Result<i32> {
         line(&json!({ "migrated": true, "database_created": created }));
         return Ok(output::OK);
     }
+    if let Cmd::Bench {
+        only,
+        w1_jobs,
+        w2_jobs,
+        w3_jobs,
+        history_events,
+        latency_samples,
+    } = &cli.command
+    {
+        let args = super::bench::BenchArgs {
+            url: cli.database_url.clone(),
+            only: only.clone(),
+            w1_jobs: *w1_jobs,
+            w2_jobs: *w2_jobs,
+            w3_jobs: *w3_jobs,
+            history_events: *history_events,
+            latency_samples: *latency_samples,
+        };
+        return super::bench::run(args).await;
+    }
     if let Cmd::Demo { jobs, workers } = cli.command {
         return super::demo::run(&cli.database_url, jobs, workers).await;
     }
     let ledger = connect(&cli).await?;
     match &cli.command {
-        Cmd::Migrate | Cmd::Demo { .. } => unreachable!("handled above"),
+        Cmd::Migrate | Cmd::Demo { .. } | Cmd::Bench { .. } => unreachable!("handled above"),
         Cmd::Enqueue {
             queue,
             kind,

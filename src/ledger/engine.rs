@@ -12,7 +12,7 @@ use super::error::{LedgerError, LedgerResult};
 use crate::domain::{apply, decide, Command, Ctx, Event, EventBody, Job, Outcome, Rejection};
 use crate::store::jobs::{self, Locked};
 use crate::store::rejections::{self, RejectionRow};
-use crate::store::{events, tombstones, EventRow, JobRow, StoreError, TombstoneRow};
+use crate::store::{events, tombstones, writes, EventRow, JobRow, StoreError, TombstoneRow};
 
 /// The answer to one write.
 #[derive(Debug, Clone, Serialize)]
@@ -100,6 +100,7 @@ pub(crate) async fn write_decisions(
 ) -> LedgerResult<Vec<WriteResult>> {
     let mut results = Vec::with_capacity(decided.len());
     let (mut prev, mut next, mut evs, mut gone, mut graves) = (vec![], vec![], vec![], vec![], vec![]);
+    let mut purge_evs = vec![];
     for (job, decision) in &decided {
         match decision {
             Err(r) => results.push(WriteResult::rejected(job.clone(), r.clone())),
@@ -107,11 +108,12 @@ pub(crate) async fn write_decisions(
                 let after = apply(Some(job), ev).map_err(|e| {
                     StoreError::Corrupt(format!("decide produced an event apply refuses: {e}"))
                 })?;
-                evs.push(EventRow::from(ev));
                 if matches!(ev.body, EventBody::Purged {}) {
+                    purge_evs.push(EventRow::from(ev));
                     gone.push(job.job_id);
                     graves.push(TombstoneRow::of(&after, ev.recorded_at));
                 } else {
+                    evs.push(EventRow::from(ev));
                     prev.push(job);
                     next.push(JobRow::from(&after));
                 }
@@ -127,21 +129,23 @@ pub(crate) async fn write_decisions(
             }
         }
     }
-    if !next.is_empty() {
-        jobs::update_jobs(conn, &prev, &next).await?;
-    }
+    let mut positions: std::collections::HashMap<Uuid, i64> = std::collections::HashMap::new();
     if !gone.is_empty() {
         jobs::delete_jobs(conn, &gone).await?;
         tombstones::insert_tombstones(conn, &graves).await?;
+        let purged: Vec<EventRow> = std::mem::take(&mut purge_evs);
+        positions.extend(
+            events::insert_events(conn, purged)
+                .await?
+                .into_iter()
+                .map(|(id, _, p)| (id, p)),
+        );
     }
-    if !evs.is_empty() {
-        let positions = events::insert_events(conn, &evs).await?;
-        for r in results.iter_mut().filter(|r| r.committed()) {
-            r.position = positions
-                .iter()
-                .find(|(id, _, _)| *id == r.job_id)
-                .map(|(_, _, p)| *p);
-        }
+    if !next.is_empty() {
+        positions.extend(writes::write_transitions(conn, &prev, next, evs).await?);
+    }
+    for r in results.iter_mut().filter(|r| r.committed()) {
+        r.position = positions.get(&r.job_id).copied();
     }
     Ok(results)
 }

@@ -10,7 +10,7 @@ use uuid::Uuid;
 use super::error::{LedgerError, LedgerResult};
 use super::Ledger;
 use crate::domain::{apply, decide_enqueue, Ctx, Job, NewJob, Policy};
-use crate::store::{events, jobs, policies, EventRow, JobRow, StoreError};
+use crate::store::{jobs, policies, EventRow, JobRow, StoreError};
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Enqueued {
@@ -51,8 +51,22 @@ impl Ledger {
         if news.is_empty() {
             return Ok(vec![]);
         }
-        let registered = self.registered_policies(conn, &news).await?;
-        let (epochs, now) = jobs::next_epochs(conn, news.len() as i64).await?;
+        let wanted: HashSet<(String, String)> = news
+            .iter()
+            .filter(|n| n.policy.is_none())
+            .map(|n| (n.queue.clone(), n.kind.clone()))
+            .collect();
+        let (queues, kinds): (Vec<String>, Vec<String>) = wanted.into_iter().unzip();
+        let (epochs, now, registered) =
+            jobs::enqueue_context(conn, news.len() as i64, &queues, &kinds).await?;
+        let registered: HashMap<(String, String), Policy> = registered
+            .into_iter()
+            .map(|(q, k, v)| {
+                let p = serde_json::from_value(v)
+                    .map_err(|e| StoreError::Corrupt(format!("policy of {q}/{k}: {e}")))?;
+                Ok::<_, StoreError>(((q, k), p))
+            })
+            .collect::<Result<_, _>>()?;
         let ctx = Ctx {
             now,
             actor: "api".into(),
@@ -72,21 +86,18 @@ impl Ledger {
             drafts.push((ev, job));
         }
         let rows: Vec<JobRow> = drafts.iter().map(|(_, j)| JobRow::from(j)).collect();
-        let inserted: HashSet<Uuid> = jobs::insert_jobs(conn, &rows).await?.into_iter().collect();
-        let evs: Vec<EventRow> = drafts
-            .iter()
-            .filter(|(e, _)| inserted.contains(&e.job_id))
-            .map(|(e, _)| EventRow::from(e))
+        let evs: Vec<EventRow> = drafts.iter().map(|(e, _)| EventRow::from(e)).collect();
+        let inserted: HashMap<Uuid, i64> = jobs::insert_new_jobs(conn, rows, evs)
+            .await?
+            .into_iter()
             .collect();
-        let positions = events::insert_events(conn, &evs).await?;
         let mut out = Vec::with_capacity(drafts.len());
         for (ev, job) in drafts {
-            if inserted.contains(&job.job_id) {
-                let position = positions.iter().find(|p| p.0 == ev.job_id).map(|p| p.2);
+            if let Some(position) = inserted.get(&ev.job_id) {
                 out.push(Enqueued {
                     job,
                     created: true,
-                    position,
+                    position: Some(*position),
                 });
                 continue;
             }
@@ -115,31 +126,6 @@ impl Ledger {
             created: false,
             position: None,
         })
-    }
-
-    /// Policies workers registered for the kinds of jobs that bring none.
-    async fn registered_policies(
-        &self,
-        conn: &mut PgConnection,
-        news: &[NewJob],
-    ) -> LedgerResult<HashMap<(String, String), Policy>> {
-        let wanted: HashSet<(String, String)> = news
-            .iter()
-            .filter(|n| n.policy.is_none())
-            .map(|n| (n.queue.clone(), n.kind.clone()))
-            .collect();
-        if wanted.is_empty() {
-            return Ok(HashMap::new());
-        }
-        let (queues, kinds): (Vec<String>, Vec<String>) = wanted.into_iter().unzip();
-        let rows = policies::kind_policies(&mut *conn, &queues, &kinds).await?;
-        rows.into_iter()
-            .map(|(q, k, v)| {
-                let p = serde_json::from_value(v)
-                    .map_err(|e| StoreError::Corrupt(format!("policy of {q}/{k}: {e}")))?;
-                Ok(((q, k), p))
-            })
-            .collect()
     }
 
     /// Registers the policy new jobs of (queue, kind) get when they bring none.

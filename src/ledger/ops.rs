@@ -7,7 +7,7 @@ use std::time::Duration;
 use tracing::instrument;
 use uuid::Uuid;
 
-use super::engine::{decide_and_write, run_transition, WriteResult};
+use super::engine::{decide_and_write, run_transition, transition_in, WriteResult};
 use super::error::{LedgerError, LedgerResult};
 use super::lease::{millis, Lease};
 use super::Ledger;
@@ -52,13 +52,8 @@ impl Ledger {
             lease_ms,
         };
         let mut tx = self.pool.begin().await?;
-        let expired = jobs::lock_expired_for_takeover(&mut tx, queue, limit).await?;
-        let left = limit - expired.len() as i64;
-        let mut results = decide_and_write(&mut tx, expired, holder, cmd).await?;
-        if left > 0 {
-            let due = jobs::lock_due(&mut tx, queue, left).await?;
-            results.extend(decide_and_write(&mut tx, due, holder, cmd).await?);
-        }
+        let locked = jobs::lock_claimable(&mut tx, queue, limit).await?;
+        let results = decide_and_write(&mut tx, locked, holder, cmd).await?;
         tx.commit().await?;
         Ok(results
             .into_iter()
@@ -199,6 +194,33 @@ impl Ledger {
         .await
     }
 
+    /// `observe` inside the caller's transaction (evidence recorded together
+    /// with the caller's own writes).
+    pub async fn observe_in(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        job_id: Uuid,
+        fence: Option<Fence>,
+        key: &str,
+        data: Value,
+        actor: &str,
+    ) -> LedgerResult<WriteResult> {
+        self.limits.name("observation key", key)?;
+        self.limits.json("observation", &data)?;
+        transition_in(
+            conn,
+            job_id,
+            actor,
+            Command::Observe {
+                fence,
+                key: key.into(),
+                data,
+                existing: None,
+            },
+        )
+        .await
+    }
+
     /// One pass of the sweeper: lease-expiry policies other than reconcile,
     /// exhausted leases, and receipt deadlines. Returns what it changed.
     #[instrument(skip(self))]
@@ -291,5 +313,9 @@ impl Ledger {
     /// Per queue, seconds since the oldest unfinished job was enqueued.
     pub async fn oldest_open_age(&self) -> LedgerResult<Vec<(String, f64)>> {
         Ok(jobs::oldest_open_age(&self.pool).await?)
+    }
+
+    pub async fn count_events_total(&self) -> LedgerResult<i64> {
+        Ok(events::count_events(&self.pool).await?)
     }
 }

@@ -4,9 +4,9 @@ use chrono::{DateTime, Utc};
 use sqlx::{PgConnection, PgExecutor};
 use uuid::Uuid;
 
-use super::rows::{JobRow, JOB_COLUMNS};
+use super::columns::{unnest, EventArrays, JobArrays, EVENT_TYPES, JOB_TYPES};
+use super::rows::{EventRow, JobRow, EVENT_COLUMNS, JOB_COLUMNS};
 use super::{StoreError, StoreResult};
-use crate::domain::Job;
 
 /// A locked row and the database clock read while holding its lock.
 #[derive(Debug, sqlx::FromRow)]
@@ -16,18 +16,29 @@ pub struct Locked {
     pub db_now: DateTime<Utc>,
 }
 
-/// Inserts new jobs; rows whose `(queue, job_key)` already exists are skipped.
-/// Returns the ids actually inserted.
-pub async fn insert_jobs(conn: &mut PgConnection, rows: &[JobRow]) -> StoreResult<Vec<Uuid>> {
+/// Inserts new jobs and their first events in one statement. Jobs whose
+/// `(queue, job_key)` already exists are skipped, and so are their events.
+/// Returns `(job_id, position)` of what was inserted.
+pub async fn insert_new_jobs(
+    conn: &mut PgConnection,
+    rows: Vec<JobRow>,
+    events: Vec<EventRow>,
+) -> StoreResult<Vec<(Uuid, i64)>> {
+    let n = JOB_TYPES.len();
     let sql = format!(
-        "INSERT INTO jobledger.jobs ({JOB_COLUMNS}) \
-         SELECT {JOB_COLUMNS} FROM jsonb_populate_recordset(NULL::jobledger.jobs, $1) \
-         ON CONFLICT (queue, job_key) WHERE job_key IS NOT NULL DO NOTHING RETURNING job_id"
+        "WITH j AS (INSERT INTO jobledger.jobs ({JOB_COLUMNS}) SELECT * FROM {} \
+                    ON CONFLICT (queue, job_key) WHERE job_key IS NOT NULL DO NOTHING RETURNING job_id), \
+              e AS (INSERT INTO jobledger.events ({EVENT_COLUMNS}) \
+                    SELECT * FROM {} AS u({EVENT_COLUMNS}) WHERE u.job_id IN (SELECT job_id FROM j) \
+                    ORDER BY u.job_id RETURNING job_id, position) \
+         SELECT job_id, position FROM e",
+        unnest(JOB_TYPES, 1),
+        unnest(EVENT_TYPES, n + 1)
     );
-    Ok(sqlx::query_scalar(&sql)
-        .bind(serde_json::to_value(rows).expect("rows serialise"))
-        .fetch_all(conn)
-        .await?)
+    let q = sqlx::query_as(&sql);
+    let q = JobArrays::of(rows).bind_all(q);
+    let q = EventArrays::of(events).bind_all(q);
+    Ok(q.fetch_all(conn).await?)
 }
 
 pub async fn find_job<'e>(exec: impl PgExecutor<'e>, job_id: Uuid) -> StoreResult<Option<JobRow>> {
@@ -58,31 +69,25 @@ pub async fn lock_jobs(conn: &mut PgConnection, ids: &[Uuid]) -> StoreResult<Vec
     Ok(sqlx::query_as(&sql).bind(ids).fetch_all(conn).await?)
 }
 
-/// Expired leases whose kind's policy is reconcile: a claim takes them over.
-pub async fn lock_expired_for_takeover(
-    conn: &mut PgConnection,
-    queue: &str,
-    limit: i64,
-) -> StoreResult<Vec<Locked>> {
+/// What a claim takes, in one statement: expired leases whose kind's policy
+/// is reconcile (taken over) first, then due queued jobs (highest priority,
+/// i.e. lowest number, then oldest); each locked `SKIP LOCKED`. The second
+/// subquery may lock a few rows beyond `limit`; they are left untouched and
+/// unlocked at commit.
+pub async fn lock_claimable(conn: &mut PgConnection, queue: &str, limit: i64) -> StoreResult<Vec<Locked>> {
     let sql = format!(
-        "SELECT {JOB_COLUMNS}, clock_timestamp() AS db_now FROM jobledger.jobs \
-         WHERE queue = $1 AND state IN ('leased', 'cancel_requested') AND lease_until <= now() \
-           AND policy ->> 'on_lease_expiry' = 'reconcile' \
-         ORDER BY lease_until LIMIT $2 FOR UPDATE SKIP LOCKED"
-    );
-    Ok(sqlx::query_as(&sql)
-        .bind(queue)
-        .bind(limit)
-        .fetch_all(conn)
-        .await?)
-}
-
-/// Due queued jobs, highest priority (lowest number) first, then oldest.
-pub async fn lock_due(conn: &mut PgConnection, queue: &str, limit: i64) -> StoreResult<Vec<Locked>> {
-    let sql = format!(
-        "SELECT {JOB_COLUMNS}, clock_timestamp() AS db_now FROM jobledger.jobs \
-         WHERE queue = $1 AND state = 'queued' AND run_at <= now() \
-         ORDER BY priority, run_at LIMIT $2 FOR UPDATE SKIP LOCKED"
+        "WITH expired AS ( \
+            SELECT job_id, 0 AS pick, lease_until AS at FROM jobledger.jobs \
+            WHERE queue = $1 AND state IN ('leased', 'cancel_requested') AND lease_until <= now() \
+              AND policy ->> 'on_lease_expiry' = 'reconcile' \
+            ORDER BY lease_until LIMIT $2 FOR UPDATE SKIP LOCKED), \
+         due AS ( \
+            SELECT job_id, 1 AS pick, run_at AS at FROM jobledger.jobs \
+            WHERE queue = $1 AND state = 'queued' AND run_at <= now() \
+            ORDER BY priority, run_at LIMIT $2 FOR UPDATE SKIP LOCKED), \
+         picked AS (SELECT job_id FROM (SELECT * FROM expired UNION ALL SELECT * FROM due) p ORDER BY pick LIMIT $2) \
+         SELECT {JOB_COLUMNS}, clock_timestamp() AS db_now FROM jobledger.jobs \
+         WHERE job_id IN (SELECT job_id FROM picked) ORDER BY job_id"
     );
     Ok(sqlx::query_as(&sql)
         .bind(queue)
@@ -105,43 +110,6 @@ pub async fn lock_sweepable(conn: &mut PgConnection, limit: i64) -> StoreResult<
          ORDER BY job_id FOR UPDATE SKIP LOCKED"
     );
     Ok(sqlx::query_as(&sql).bind(limit).fetch_all(conn).await?)
-}
-
-/// Writes the new projections of jobs whose rows this transaction holds
-/// locked, each conditioned on the generation it was decided against
-/// (job_id, epoch, token, state, version). Every row must match.
-pub async fn update_jobs(conn: &mut PgConnection, prev: &[&Job], next: &[JobRow]) -> StoreResult<()> {
-    let fences: Vec<_> = prev
-        .iter()
-        .map(|j| {
-            serde_json::json!({"job_id": j.job_id, "epoch": j.epoch, "token": j.token,
-                               "state": j.state.as_str(), "version": j.version})
-        })
-        .collect();
-    let done = sqlx::query(
-        "UPDATE jobledger.jobs j SET token = r.token, run = r.run, attempt = r.attempt, state = r.state, \
-           run_at = r.run_at, lease_until = r.lease_until, holder = r.holder, next_action = r.next_action, \
-           step = r.step, receipt_id = r.receipt_id, receipt_deadline = r.receipt_deadline, result = r.result, \
-           release = r.release, last_error = r.last_error, reason = r.reason, updated_at = r.updated_at, \
-           version = r.version, last_hash = r.last_hash \
-         FROM jsonb_populate_recordset(NULL::jobledger.jobs, $1) r \
-         JOIN jsonb_to_recordset($2) AS f(job_id uuid, epoch bigint, token bigint, state text, version bigint) \
-           ON f.job_id = r.job_id \
-         WHERE j.job_id = r.job_id AND j.epoch = f.epoch AND j.token = f.token AND j.state = f.state \
-           AND j.version = f.version",
-    )
-    .bind(serde_json::to_value(next).expect("rows serialise"))
-    .bind(serde_json::Value::Array(fences))
-    .execute(conn)
-    .await?;
-    if done.rows_affected() != next.len() as u64 {
-        return Err(StoreError::FenceRace(format!(
-            "{} of {} locked rows matched their fence",
-            done.rows_affected(),
-            next.len()
-        )));
-    }
-    Ok(())
 }
 
 pub async fn delete_jobs(conn: &mut PgConnection, ids: &[Uuid]) -> StoreResult<u64> {
@@ -210,16 +178,29 @@ pub async fn count_by_state<'e>(exec: impl PgExecutor<'e>) -> StoreResult<Vec<(S
     )
 }
 
-/// `n` fresh epochs from the never-cycling sequence, and the database clock.
-pub async fn next_epochs(conn: &mut PgConnection, n: i64) -> StoreResult<(Vec<i64>, DateTime<Utc>)> {
-    let rows: Vec<(i64, DateTime<Utc>)> = sqlx::query_as(
-        "SELECT nextval('jobledger.epoch_seq'), clock_timestamp() FROM generate_series(1, $1::bigint)",
+/// What an enqueue of `n` jobs needs, in one round trip: `n` fresh epochs
+/// from the never-cycling sequence, the database clock, and the policies
+/// registered for the given (queue, kind) pairs.
+pub async fn enqueue_context(
+    conn: &mut PgConnection,
+    n: i64,
+    queues: &[String],
+    kinds: &[String],
+) -> StoreResult<(Vec<i64>, DateTime<Utc>, Vec<(String, String, serde_json::Value)>)> {
+    let (epochs, now, policies): (Vec<i64>, DateTime<Utc>, serde_json::Value) = sqlx::query_as(
+        "SELECT (SELECT array_agg(nextval('jobledger.epoch_seq')) FROM generate_series(1, $1::bigint)), \
+                clock_timestamp(), \
+                (SELECT coalesce(jsonb_agg(jsonb_build_array(p.queue, p.kind, p.policy)), '[]'::jsonb) \
+                 FROM jobledger.kind_policies p JOIN unnest($2::text[], $3::text[]) AS k(queue, kind) USING (queue, kind))",
     )
     .bind(n)
-    .fetch_all(conn)
+    .bind(queues)
+    .bind(kinds)
+    .fetch_one(conn)
     .await?;
-    let now = rows.first().map(|r| r.1).unwrap_or_else(Utc::now);
-    Ok((rows.into_iter().map(|r| r.0).collect(), now))
+    let policies =
+        serde_json::from_value(policies).map_err(|e| StoreError::Corrupt(format!("kind policies: {e}")))?;
+    Ok((epochs, now, policies))
 }
 
 pub async fn jobs_by_ids<'e>(exec: impl PgExecutor<'e>, ids: &[Uuid]) -> StoreResult<Vec<JobRow>> {

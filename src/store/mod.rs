@@ -4,14 +4,17 @@
 //! connection, or the caller's transaction); functions that need a row lock
 //! take `&mut PgConnection`, which a caller's `Transaction` derefs to.
 
+pub mod columns;
 pub mod events;
 pub mod jobs;
 pub mod locks;
 pub mod policies;
+pub mod readers;
 pub mod rejections;
 pub mod rows;
 pub mod schema;
 pub mod tombstones;
+pub mod writes;
 
 use thiserror::Error;
 

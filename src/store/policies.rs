@@ -23,19 +23,3 @@ pub async fn upsert_kind_policy<'e>(
     .await?;
     Ok(())
 }
-
-/// Registered policies for the given (queue, kind) pairs.
-pub async fn kind_policies<'e>(
-    exec: impl PgExecutor<'e>,
-    queues: &[String],
-    kinds: &[String],
-) -> StoreResult<Vec<(String, String, Value)>> {
-    Ok(sqlx::query_as(
-        "SELECT p.queue, p.kind, p.policy FROM jobledger.kind_policies p \
-         JOIN unnest($1::text[], $2::text[]) AS k(queue, kind) USING (queue, kind)",
-    )
-    .bind(queues)
-    .bind(kinds)
-    .fetch_all(exec)
-    .await?)
-}

@@ -51,3 +51,12 @@ pub async fn snapshot_read_only(conn: &mut PgConnection) -> StoreResult<()> {
         .await?;
     Ok(())
 }
+
+/// Drops a database (the bench's throwaway one), disconnecting its sessions.
+pub async fn drop_database(pool: &sqlx::PgPool, name: &str) -> StoreResult<()> {
+    let quoted = format!("\"{}\"", name.replace('"', "\"\""));
+    sqlx::query(&format!("DROP DATABASE IF EXISTS {quoted} WITH (FORCE)"))
+        .execute(pool)
+        .await?;
+    Ok(())
+}

@@ -98,7 +98,7 @@ pub type HandlerFn = Arc<dyn Fn(JobContext) -> BoxFuture<HandlerOutcome> + Send 
 /// the handler (which watches for them).
 #[derive(Clone, Default)]
 pub(crate) struct Signal {
-    token: CancellationToken,
+    pub(crate) token: CancellationToken,
     reason: Arc<OnceLock<StopReason>>,
 }
 

@@ -94,6 +94,7 @@ pub(crate) struct Config {
     pub fallback: Option<HandlerFn>,
     pub policies: HashMap<String, Policy>,
     pub concurrency: usize,
+    pub prefetch: usize,
     pub lease: Duration,
     pub heartbeat: Duration,
     pub poll: Duration,
@@ -143,8 +144,18 @@ impl WorkerBuilder {
         self.cfg.policies.insert(kind.to_string(), policy);
         self
     }
+    /// Handlers running at once. Also sets the prefetch to the same number
+    /// unless `prefetch` is called afterwards.
     pub fn concurrency(mut self, n: usize) -> Self {
         self.cfg.concurrency = n.max(1);
+        self.cfg.prefetch = self.cfg.concurrency;
+        self
+    }
+    /// Jobs claimed ahead of a free slot (their leases are kept alive and
+    /// given back at shutdown if they never start). 0 claims only for free
+    /// slots; a small buffer keeps handlers busy while the next claim commits.
+    pub fn prefetch(mut self, n: usize) -> Self {
+        self.cfg.prefetch = n;
         self
     }
     pub fn lease(mut self, d: Duration) -> Self {
@@ -216,6 +227,7 @@ impl Worker {
                 fallback: None,
                 policies: HashMap::new(),
                 concurrency: 16,
+                prefetch: 16,
                 lease: Duration::from_secs(30),
                 heartbeat: Duration::from_secs(10),
                 poll: Duration::from_millis(500),

@@ -35,6 +35,9 @@ struct Shared {
     counters: Arc<Counters>,
     inflight: InFlight,
     committer: mpsc::Sender<committer::Item>,
+    /// A handler finished: its slot is free before its outcome is written,
+    /// so claiming the next jobs overlaps writing the last ones.
+    freed: Notify,
 }
 
 pub(crate) async fn run(
@@ -78,7 +81,11 @@ pub(crate) async fn run(
         counters: counters.clone(),
         inflight,
         committer: tx,
+        freed: Notify::new(),
     });
+    // `held`: jobs this worker holds a lease on (running or waiting for a
+    // slot); `slots`: handlers running at once.
+    let held = Arc::new(Semaphore::new(cfg.concurrency + cfg.prefetch));
     let slots = Arc::new(Semaphore::new(cfg.concurrency));
     let mut jobs: JoinSet<()> = JoinSet::new();
 
@@ -86,10 +93,10 @@ pub(crate) async fn run(
     async {
         while !shutdown.is_cancelled() {
             while jobs.try_join_next().is_some() {}
-            let free = slots.available_permits();
+            let free = held.available_permits();
             let mut started = 0;
             if free > 0 {
-                match claim_and_start(&shared, &slots, &mut jobs, free, &shutdown).await {
+                match claim_and_start(&shared, (&held, &slots), &mut jobs, free, &shutdown).await {
                     Ok(n) => started = n,
                     Err(e) => {
                         counters.errors.fetch_add(1, Ordering::Relaxed);
@@ -103,6 +110,7 @@ pub(crate) async fn run(
             tokio::select! {
                 _ = shutdown.cancelled() => {}
                 _ = wake.notified() => {}
+                _ = shared.freed.notified() => {}
                 _ = tokio::time::sleep(cfg.poll) => {}
                 Some(_) = jobs.join_next(), if !jobs.is_empty() => {}
             }
@@ -121,7 +129,7 @@ pub(crate) async fn run(
 
 async fn claim_and_start(
     shared: &Arc<Shared>,
-    slots: &Arc<Semaphore>,
+    (held, slots): (&Arc<Semaphore>, &Arc<Semaphore>),
     jobs: &mut JoinSet<()>,
     free: usize,
     shutdown: &CancellationToken,
@@ -161,11 +169,17 @@ async fn claim_and_start(
                 release(shared, &lease).await;
                 continue;
             }
-            let permit = slots
+            let permit = held
                 .clone()
                 .try_acquire_owned()
                 .expect("claimed no more than the free slots");
-            jobs.spawn(run_job(shared.clone(), lease, permit));
+            jobs.spawn(run_job(
+                shared.clone(),
+                lease,
+                permit,
+                slots.clone(),
+                shutdown.clone(),
+            ));
             started += 1;
         }
     }
@@ -210,12 +224,36 @@ async fn drain(shared: &Arc<Shared>, jobs: &mut JoinSet<()>) {
     }
 }
 
-async fn run_job(shared: Arc<Shared>, lease: Lease, permit: OwnedSemaphorePermit) {
+async fn run_job(
+    shared: Arc<Shared>,
+    lease: Lease,
+    held: OwnedSemaphorePermit,
+    slots: Arc<Semaphore>,
+    shutdown: CancellationToken,
+) {
     let job = lease.job().expect("claimed leases carry their job").clone();
     let span = tracing::info_span!("job", job_id = %job.job_id, token = job.token, queue = %job.queue, kind = %job.kind);
     async {
         let signal = Signal::default();
+        // Heartbeats and cancels cover the job from its claim on, also while
+        // it waits for a slot.
         shared.inflight.lock().expect("inflight").insert(job.job_id, (lease.clone(), signal.clone()));
+        let permit = tokio::select! {
+            p = slots.acquire_owned() => p.ok(),
+            _ = shutdown.cancelled() => None,
+            _ = signal.token.cancelled() => None,
+        };
+        let Some(permit) = permit else {
+            // Never started: give it back without burning an attempt (a
+            // requested cancel becomes `cancelled`), unless it is not ours.
+            if signal.reason() != Some(StopReason::LeaseLost) {
+                release(&shared, &lease).await;
+            }
+            shared.inflight.lock().expect("inflight").remove(&job.job_id);
+            drop(held);
+            shared.freed.notify_one();
+            return;
+        };
         metrics::counter!(m::HANDLER_RUNS, "kind" => job.kind.clone(), "next_action" => job.next_action.as_str())
             .increment(1);
         let outcome = match shared.cfg.handlers.get(&job.kind).or(shared.cfg.fallback.as_ref()) {
@@ -238,9 +276,11 @@ async fn run_job(shared: Arc<Shared>, lease: Lease, permit: OwnedSemaphorePermit
                 }
             }
         };
+        drop(permit);
+        drop(held);
+        shared.freed.notify_one();
         finish(&shared, &lease, outcome).await;
         shared.inflight.lock().expect("inflight").remove(&job.job_id);
-        drop(permit);
     }
     .instrument(span)
     .await

@@ -1,0 +1,249 @@
+//! `jobledger bench`: throughput and latency figures, printed as JSON lines
+//! {workload, jobs, seconds, jobs_per_s, ...}. Every job gets its events,
+//! hash chain and fence; nothing is skipped to look fast. Runs in a
+//! throwaway database on the server of --database-url, dropped afterwards.
+
+use anyhow::{Context, Result};
+use serde_json::json;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use jobledger::domain::NewJob;
+use jobledger::ledger::Ledger;
+use jobledger::worker::{HandlerOutcome, Worker};
+
+pub struct BenchArgs {
+    pub url: String,
+    pub only: Vec<String>,
+    pub w1_jobs: usize,
+    pub w2_jobs: usize,
+    pub w3_jobs: usize,
+    pub history_events: usize,
+    pub latency_samples: usize,
+}
+
+fn job(queue: &str, i: usize) -> NewJob {
+    NewJob {
+        queue: queue.into(),
+        kind: "noop".into(),
+        job_key: None,
+        payload: json!({ "i": i }),
+        priority: 0,
+        run_at: None,
+        delay_ms: None,
+        policy: None,
+    }
+}
+
+fn report(workload: &str, jobs: usize, started: Instant, extra: serde_json::Value) {
+    let seconds = started.elapsed().as_secs_f64();
+    let mut v = json!({ "workload": workload, "jobs": jobs, "seconds": (seconds * 1000.0).round() / 1000.0,
+                        "jobs_per_s": (jobs as f64 / seconds).round() });
+    if let (Some(o), Some(e)) = (v.as_object_mut(), extra.as_object()) {
+        o.extend(e.clone());
+    }
+    println!("{v}");
+}
+
+pub async fn run(args: BenchArgs) -> Result<i32> {
+    let name = format!("jobledger_bench_{}", std::process::id());
+    let url = with_database(&args.url, &name)?;
+    let ledger = Ledger::connect_and_migrate(&url, 40)
+        .await
+        .context("bench database")?;
+    let wants = |w: &str| args.only.is_empty() || args.only.iter().any(|o| o == w);
+    let result = async {
+        if wants("w1") {
+            w1(&ledger, args.w1_jobs).await?;
+        }
+        if wants("w2") {
+            w2(&ledger, "w2", args.w2_jobs).await?;
+        }
+        if wants("w3") {
+            w3(&ledger, "w3", args.w3_jobs).await?;
+        }
+        if wants("latency") {
+            latency(&ledger, args.latency_samples).await?;
+        }
+        if wants("w3-history") {
+            history(&ledger, args.history_events).await?;
+            w3(&ledger, "w3-history", args.w3_jobs).await?;
+        }
+        anyhow::Ok(())
+    }
+    .await;
+    ledger.pool().close().await;
+    drop_database(&args.url, &name).await;
+    result.map(|_| 0)
+}
+
+fn with_database(url: &str, name: &str) -> Result<String> {
+    let mut u = url::Url::parse(url).context("database url")?;
+    u.set_path(&format!("/{name}"));
+    Ok(u.to_string())
+}
+
+async fn drop_database(url: &str, name: &str) {
+    let Ok(admin_url) = with_database(url, "postgres") else {
+        return;
+    };
+    if let Ok(admin) = Ledger::connect(&admin_url, 1).await {
+        if let Err(e) = jobledger::store::schema::drop_database(admin.pool(), name).await {
+            eprintln!("bench: could not drop {name}: {e}");
+        }
+    }
+}
+
+/// W1: one job per transaction from 8 concurrent clients.
+async fn w1(ledger: &Ledger, n: usize) -> Result<()> {
+    let started = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for c in 0..8 {
+        let l = ledger.clone();
+        tasks.spawn(async move {
+            for i in (c..n).step_by(8) {
+                l.enqueue(job("w1", i)).await?;
+            }
+            anyhow::Ok(())
+        });
+    }
+    while let Some(r) = tasks.join_next().await {
+        r??;
+    }
+    report("W1 enqueue, 1 per tx, 8 clients", n, started, json!({}));
+    Ok(())
+}
+
+/// W2: batches of 1,000 jobs per transaction.
+async fn w2(ledger: &Ledger, queue: &str, n: usize) -> Result<()> {
+    let started = Instant::now();
+    enqueue_batched(ledger, queue, n).await?;
+    report("W2 enqueue, batches of 1000", n, started, json!({}));
+    Ok(())
+}
+
+async fn enqueue_batched(ledger: &Ledger, queue: &str, n: usize) -> Result<()> {
+    for chunk in (0..n).collect::<Vec<_>>().chunks(1000) {
+        let mut tx = ledger.pool().begin().await?;
+        ledger
+            .enqueue_many_in(&mut tx, chunk.iter().map(|i| job(queue, *i)).collect())
+            .await?;
+        tx.commit().await?;
+    }
+    Ok(())
+}
+
+fn noop_worker(ledger: &Ledger, queue: &str, concurrency: usize) -> Result<Worker> {
+    Ok(Worker::builder(ledger.clone())
+        .name("bench")
+        .queue(queue)
+        .concurrency(concurrency)
+        .poll_every(Duration::from_millis(100))
+        .sweeper(None)
+        .handler("noop", |_ctx| async { HandlerOutcome::Success(None) })
+        .build()?)
+}
+
+/// W3: drain pre-enqueued no-op jobs with 16-way concurrency in one process.
+async fn w3(ledger: &Ledger, queue: &str, n: usize) -> Result<()> {
+    enqueue_batched(ledger, queue, n).await?;
+    let worker = noop_worker(ledger, queue, 16)?;
+    let stop = CancellationToken::new();
+    let started = Instant::now();
+    let run = tokio::spawn({
+        let (w, s) = (worker.clone(), stop.clone());
+        async move { w.run(s).await }
+    });
+    while (worker.counters().report().succeeded as usize) < n {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let elapsed = started.elapsed();
+    stop.cancel();
+    run.await??;
+    let events: i64 = ledger.count_events_total().await?;
+    let label = if queue == "w3" {
+        "W3 drain no-op jobs, 16-way"
+    } else {
+        "W3 again on top of the history"
+    };
+    report(
+        label,
+        n,
+        Instant::now() - elapsed,
+        json!({ "events_in_log": events }),
+    );
+    Ok(())
+}
+
+/// Enqueue-to-start latency of an idle worker (woken by LISTEN/NOTIFY).
+async fn latency(ledger: &Ledger, samples: usize) -> Result<()> {
+    let (tx, mut rx) = mpsc::unbounded_channel::<Instant>();
+    let tx = Arc::new(tx);
+    let worker = Worker::builder(ledger.clone())
+        .name("latency")
+        .queue("latency")
+        .concurrency(4)
+        .poll_every(Duration::from_secs(5))
+        .sweeper(None)
+        .handler("noop", move |_ctx| {
+            let tx = tx.clone();
+            async move {
+                let _ = tx.send(Instant::now());
+                HandlerOutcome::Success(None)
+            }
+        })
+        .build()?;
+    let stop = CancellationToken::new();
+    let run = tokio::spawn({
+        let s = stop.clone();
+        async move { worker.run(s).await }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await; // let it LISTEN and go idle
+    let mut ms = Vec::with_capacity(samples);
+    for i in 0..samples {
+        let t = Instant::now();
+        ledger.enqueue(job("latency", i)).await?;
+        let started = rx.recv().await.context("handler never started")?;
+        ms.push((started - t).as_secs_f64() * 1000.0);
+        tokio::time::sleep(Duration::from_millis(5)).await; // idle again
+    }
+    stop.cancel();
+    run.await??;
+    ms.sort_by(f64::total_cmp);
+    let pct = |p: f64| ms[((ms.len() as f64 - 1.0) * p).round() as usize];
+    println!(
+        "{}",
+        json!({ "workload": "enqueue-to-start latency, idle worker", "samples": samples,
+                "p50_ms": (pct(0.5) * 100.0).round() / 100.0, "p99_ms": (pct(0.99) * 100.0).round() / 100.0,
+                "max_ms": (pct(1.0) * 100.0).round() / 100.0 })
+    );
+    Ok(())
+}
+
+/// Builds a history of about `events` events by running real jobs
+/// (3 events each: enqueued, claimed, succeeded).
+async fn history(ledger: &Ledger, events: usize) -> Result<()> {
+    let have = ledger.count_events_total().await? as usize;
+    let jobs = events.saturating_sub(have) / 3;
+    let started = Instant::now();
+    enqueue_batched(ledger, "history", jobs).await?;
+    let worker = noop_worker(ledger, "history", 16)?;
+    let stop = CancellationToken::new();
+    let run = tokio::spawn({
+        let (w, s) = (worker.clone(), stop.clone());
+        async move { w.run(s).await }
+    });
+    while (worker.counters().report().succeeded as usize) < jobs {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    stop.cancel();
+    run.await??;
+    eprintln!(
+        "bench: history of {} events built in {:.0}s",
+        ledger.count_events_total().await?,
+        started.elapsed().as_secs_f64()
+    );
+    Ok(())
+}

@@ -1,0 +1,221 @@
+//! The log reader shared by the relay and async projections.
+//!
+//! Contract (DESIGN.md "The event log is the outbox"): nothing is ever
+//! skipped, and each job's versions come out in order without gaps;
+//! duplicates are allowed (a consumer drops them by version).
+//!
+//! Technique (docs/log-reader.md): follow `(txid, position)` only below
+//! `pg_snapshot_xmin` — every transaction with a smaller id has finished, so
+//! a slow transaction that took a smaller position can never commit behind
+//! the checkpoint. Because a transaction may take its xid before it locks a
+//! job and then append version n+1 with a smaller txid than version n's, the
+//! reader sorts each batch by (job, version) and, for a job whose first
+//! version in the batch is not 1, first hands out any predecessors the
+//! checkpoint has not passed yet (they come again later: duplicates).
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use sqlx::PgPool;
+use std::collections::HashMap;
+use uuid::Uuid;
+
+use crate::domain::Event;
+use crate::ledger::LedgerResult;
+use crate::store::readers::{self, LoggedEvent};
+
+/// Everything at or before `(txid, position)` in the reader's order was handled.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+pub struct Checkpoint {
+    pub txid: i64,
+    pub position: i64,
+}
+
+#[derive(Clone, Debug)]
+pub struct LogEvent {
+    pub position: i64,
+    pub event: Event,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct Batch {
+    /// In per-job version order (jobs interleaved).
+    pub events: Vec<LogEvent>,
+    /// The checkpoint to store once `events` are handled.
+    pub next: Checkpoint,
+    /// Predecessors handed out early (they will come again).
+    pub early: usize,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Lag {
+    pub events: i64,
+    pub seconds: f64,
+    /// The open transaction holding the snapshot horizon back, if any.
+    pub horizon_holder: Option<HorizonHolder>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct HorizonHolder {
+    pub pid: i32,
+    pub database: Option<String>,
+    pub open_seconds: f64,
+    pub state: Option<String>,
+    pub query: Option<String>,
+}
+
+#[derive(Clone)]
+pub struct LogReader {
+    pool: PgPool,
+    name: String,
+}
+
+fn to_log(e: LoggedEvent) -> LedgerResult<LogEvent> {
+    Ok(LogEvent {
+        position: e.row.position,
+        event: e.row.to_event()?,
+    })
+}
+
+impl LogReader {
+    pub async fn open(pool: PgPool, name: &str) -> LedgerResult<Self> {
+        readers::ensure_reader(&pool, name).await?;
+        Ok(LogReader {
+            pool,
+            name: name.to_string(),
+        })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub async fn checkpoint(&self) -> LedgerResult<Checkpoint> {
+        let (txid, position) = readers::reader_checkpoint(&self.pool, &self.name)
+            .await?
+            .unwrap_or((0, 0));
+        Ok(Checkpoint { txid, position })
+    }
+
+    /// The next batch after `after` (reads only; storing the checkpoint is
+    /// the caller's, once it has handled the batch).
+    pub async fn read(&self, after: Checkpoint, limit: i64) -> LedgerResult<Batch> {
+        let mut conn = self.pool.acquire().await?;
+        let rows = readers::events_after(&mut conn, after.txid, after.position, limit).await?;
+        let Some(last) = rows.last() else {
+            return Ok(Batch {
+                next: after,
+                ..Batch::default()
+            });
+        };
+        let next = Checkpoint {
+            txid: last.txid,
+            position: last.row.position,
+        };
+        let mut first: HashMap<Uuid, i64> = HashMap::new();
+        for r in &rows {
+            let v = first.entry(r.row.job_id).or_insert(r.row.version);
+            *v = (*v).min(r.row.version);
+        }
+        let (jobs, versions): (Vec<Uuid>, Vec<i64>) = first.into_iter().filter(|(_, v)| *v > 1).unzip();
+        let early = if jobs.is_empty() {
+            vec![]
+        } else {
+            readers::pending_predecessors(&mut conn, after.txid, after.position, &jobs, &versions).await?
+        };
+        let n_early = early.len();
+        let mut events: Vec<LogEvent> = early
+            .into_iter()
+            .chain(rows)
+            .map(to_log)
+            .collect::<LedgerResult<_>>()?;
+        // Per job in version order; a job's events keep their relative order
+        // and jobs stay roughly in log order.
+        events.sort_by_key(|e| (e.event.job_id, e.event.version));
+        events.dedup_by_key(|e| (e.event.job_id, e.event.version));
+        Ok(Batch {
+            events,
+            next,
+            early: n_early,
+        })
+    }
+
+    pub async fn lag(&self, at: Checkpoint) -> LedgerResult<Lag> {
+        let (events, oldest) = readers::lag(&self.pool, at.txid, at.position).await?;
+        let seconds = oldest.map_or(0.0, |t: DateTime<Utc>| {
+            (Utc::now() - t).num_milliseconds() as f64 / 1000.0
+        });
+        let horizon_holder =
+            readers::horizon_holder(&self.pool)
+                .await?
+                .map(|(pid, database, open_seconds, state, query)| HorizonHolder {
+                    pid,
+                    database,
+                    open_seconds,
+                    state,
+                    query,
+                });
+        Ok(Lag {
+            events,
+            seconds: seconds.max(0.0),
+            horizon_holder,
+        })
+    }
+
+    /// Stores a checkpoint without a lease (a projection does this in its own
+    /// transaction through the store).
+    pub async fn store(&self, cp: Checkpoint) -> LedgerResult<()> {
+        readers::store_checkpoint(&self.pool, &self.name, cp.txid, cp.position).await?;
+        Ok(())
+    }
+
+    /// Takes the reader's fenced lease (relay): `None` while another holder's
+    /// lease is live.
+    pub async fn acquire(
+        &self,
+        holder: &str,
+        lease: std::time::Duration,
+    ) -> LedgerResult<Option<ReaderLease>> {
+        let ms = lease.as_millis() as i64;
+        Ok(readers::acquire_reader_lease(&self.pool, &self.name, holder, ms)
+            .await?
+            .map(|token| ReaderLease {
+                reader: self.clone(),
+                token,
+                lease_ms: ms,
+            }))
+    }
+}
+
+/// The fenced right to advance one reader's checkpoint.
+#[derive(Clone)]
+pub struct ReaderLease {
+    reader: LogReader,
+    token: i64,
+    lease_ms: i64,
+}
+
+impl ReaderLease {
+    pub fn token(&self) -> i64 {
+        self.token
+    }
+
+    /// False when a newer holder took the reader over.
+    pub async fn renew(&self) -> LedgerResult<bool> {
+        Ok(
+            readers::renew_reader_lease(&self.reader.pool, &self.reader.name, self.token, self.lease_ms)
+                .await?,
+        )
+    }
+
+    /// Advances the checkpoint; false (nothing written) when fenced out.
+    pub async fn advance(&self, to: Checkpoint) -> LedgerResult<bool> {
+        Ok(readers::advance_checkpoint(
+            &self.reader.pool,
+            &self.reader.name,
+            self.token,
+            to.txid,
+            to.position,
+        )
+        .await?)
+    }
+}

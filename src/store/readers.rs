@@ -1,0 +1,196 @@
+//! Queries of the log reader: following `jobledger.events` below the
+//! snapshot horizon, and the readers' fenced checkpoints.
+
+use chrono::{DateTime, Utc};
+use sqlx::{PgConnection, PgExecutor};
+use uuid::Uuid;
+
+use super::rows::{EventRow, EVENT_COLUMNS};
+use super::StoreResult;
+
+/// An event with its place in the reader's order.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct LoggedEvent {
+    pub txid: i64,
+    #[sqlx(flatten)]
+    pub row: EventRow,
+}
+
+pub async fn ensure_reader<'e>(exec: impl PgExecutor<'e>, name: &str) -> StoreResult<()> {
+    sqlx::query("INSERT INTO jobledger.readers (name) VALUES ($1) ON CONFLICT (name) DO NOTHING")
+        .bind(name)
+        .execute(exec)
+        .await?;
+    Ok(())
+}
+
+/// `(txid, position)` of the reader's checkpoint.
+pub async fn reader_checkpoint<'e>(exec: impl PgExecutor<'e>, name: &str) -> StoreResult<Option<(i64, i64)>> {
+    Ok(
+        sqlx::query_as("SELECT txid::text::bigint, position FROM jobledger.readers WHERE name = $1")
+            .bind(name)
+            .fetch_optional(exec)
+            .await?,
+    )
+}
+
+/// Takes the reader's lease if it is free, expired, or already ours; the
+/// token goes up on every acquisition, so an older holder is fenced out.
+pub async fn acquire_reader_lease<'e>(
+    exec: impl PgExecutor<'e>,
+    name: &str,
+    holder: &str,
+    lease_ms: i64,
+) -> StoreResult<Option<i64>> {
+    Ok(sqlx::query_scalar(
+        "UPDATE jobledger.readers SET lease_token = lease_token + 1, lease_holder = $2, \
+           lease_until = now() + make_interval(secs => $3::double precision / 1000), updated_at = now() \
+         WHERE name = $1 AND (lease_until IS NULL OR lease_until <= now() OR lease_holder = $2) \
+         RETURNING lease_token",
+    )
+    .bind(name)
+    .bind(holder)
+    .bind(lease_ms)
+    .fetch_optional(exec)
+    .await?)
+}
+
+/// Extends the lease; false when another holder took it.
+pub async fn renew_reader_lease<'e>(
+    exec: impl PgExecutor<'e>,
+    name: &str,
+    token: i64,
+    lease_ms: i64,
+) -> StoreResult<bool> {
+    let done = sqlx::query(
+        "UPDATE jobledger.readers SET lease_until = now() + make_interval(secs => $3::double precision / 1000) \
+         WHERE name = $1 AND lease_token = $2",
+    )
+    .bind(name)
+    .bind(token)
+    .bind(lease_ms)
+    .execute(exec)
+    .await?;
+    Ok(done.rows_affected() == 1)
+}
+
+/// Moves the checkpoint forward, fenced by the lease token: false when a
+/// newer holder owns the reader (nothing is written).
+pub async fn advance_checkpoint<'e>(
+    exec: impl PgExecutor<'e>,
+    name: &str,
+    token: i64,
+    txid: i64,
+    position: i64,
+) -> StoreResult<bool> {
+    let done = sqlx::query(
+        "UPDATE jobledger.readers SET txid = $3::text::xid8, position = $4, updated_at = now() \
+         WHERE name = $1 AND lease_token = $2 AND (txid, position) <= ($3::text::xid8, $4)",
+    )
+    .bind(name)
+    .bind(token)
+    .bind(txid)
+    .bind(position)
+    .execute(exec)
+    .await?;
+    Ok(done.rows_affected() == 1)
+}
+
+/// Sets a checkpoint without a lease (projections store theirs in their own
+/// transaction, together with what they applied).
+pub async fn store_checkpoint<'e>(
+    exec: impl PgExecutor<'e>,
+    name: &str,
+    txid: i64,
+    position: i64,
+) -> StoreResult<()> {
+    sqlx::query("UPDATE jobledger.readers SET txid = $2::text::xid8, position = $3, updated_at = now() WHERE name = $1")
+        .bind(name)
+        .bind(txid)
+        .bind(position)
+        .execute(exec)
+        .await?;
+    Ok(())
+}
+
+/// Events after the checkpoint in (txid, position) order, only from
+/// transactions below the snapshot horizon: every transaction with a smaller
+/// id has finished, so nothing can later appear behind what is returned.
+pub async fn events_after(
+    conn: &mut PgConnection,
+    txid: i64,
+    position: i64,
+    limit: i64,
+) -> StoreResult<Vec<LoggedEvent>> {
+    let sql = format!(
+        "SELECT txid::text::bigint AS txid, position, {EVENT_COLUMNS} FROM jobledger.events \
+         WHERE (txid, position) > ($1::text::xid8, $2) AND txid < pg_snapshot_xmin(pg_current_snapshot()) \
+         ORDER BY txid, position LIMIT $3"
+    );
+    Ok(sqlx::query_as(&sql)
+        .bind(txid)
+        .bind(position)
+        .bind(limit)
+        .fetch_all(conn)
+        .await?)
+}
+
+/// Predecessors not yet passed by the checkpoint of jobs whose earliest
+/// event in a batch is `first_version` (> 1): a transaction that took its
+/// xid early can append version n+1 with a smaller txid than version n.
+pub async fn pending_predecessors(
+    conn: &mut PgConnection,
+    txid: i64,
+    position: i64,
+    jobs: &[Uuid],
+    first_versions: &[i64],
+) -> StoreResult<Vec<LoggedEvent>> {
+    let sql = format!(
+        "SELECT e.txid::text::bigint AS txid, e.position, {} FROM jobledger.events e \
+         JOIN unnest($3::uuid[], $4::int8[]) AS b(job_id, v) ON e.job_id = b.job_id AND e.version < b.v \
+         WHERE (e.txid, e.position) > ($1::text::xid8, $2) ORDER BY e.job_id, e.version",
+        EVENT_COLUMNS
+            .split(", ")
+            .map(|c| format!("e.{}", c.trim()))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    Ok(sqlx::query_as(&sql)
+        .bind(txid)
+        .bind(position)
+        .bind(jobs)
+        .bind(first_versions)
+        .fetch_all(conn)
+        .await?)
+}
+
+/// How far behind a checkpoint is: events not yet passed, the age of the
+/// oldest of them, and the current snapshot horizon.
+pub async fn lag<'e>(
+    exec: impl PgExecutor<'e>,
+    txid: i64,
+    position: i64,
+) -> StoreResult<(i64, Option<DateTime<Utc>>)> {
+    Ok(sqlx::query_as(
+        "SELECT count(*), min(recorded_at) FROM jobledger.events WHERE (txid, position) > ($1::text::xid8, $2)",
+    )
+    .bind(txid)
+    .bind(position)
+    .fetch_one(exec)
+    .await?)
+}
+
+/// The oldest open transaction holding back the snapshot horizon, in any
+/// database of the cluster (xids are cluster-wide): pid, database, age in
+/// seconds, state and the start of its query.
+pub async fn horizon_holder<'e>(
+    exec: impl PgExecutor<'e>,
+) -> StoreResult<Option<(i32, Option<String>, f64, Option<String>, Option<String>)>> {
+    Ok(sqlx::query_as(
+        "SELECT pid, datname, extract(epoch FROM now() - xact_start)::float8, state, left(query, 120) \
+         FROM pg_stat_activity WHERE backend_xid IS NOT NULL AND pid <> pg_backend_pid() \
+         ORDER BY age(backend_xid) DESC LIMIT 1",
+    )
+    .fetch_optional(exec)
+    .await?)
+}
