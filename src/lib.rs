@@ -5,5 +5,6 @@ pub mod domain;
 pub mod fake_provider;
 pub mod ledger;
 pub mod reader;
+pub mod relay;
 pub mod store;
 pub mod worker;

@@ -224,8 +224,47 @@ pub enum Cmd {
         #[arg(long)]
         json: bool,
     },
-    /// Recompute hashes and replay the log against the projection.
-    Verify { job: Option<Uuid> },
+    /// Recompute hashes and replay the log against the projection; with
+    /// --audit-log, also check a consumer's audit copy against the chain.
+    Verify {
+        job: Option<Uuid>,
+        /// Database URL of an audit-log consumer to check.
+        #[arg(long)]
+        audit_log: Option<String>,
+    },
+    /// Publish every event of the log to Kafka (the outbox relay).
+    Relay {
+        #[arg(long, default_value = "127.0.0.1:9092")]
+        brokers: String,
+        #[arg(long, default_value = "jobledger.events")]
+        topic: String,
+        /// Partitions when the relay creates the topic.
+        #[arg(long, default_value_t = 8)]
+        partitions: i32,
+        #[arg(long, default_value_t = 5000)]
+        batch: i64,
+        #[arg(long)]
+        metrics_addr: Option<std::net::SocketAddr>,
+    },
+    /// Run a shipped fenced consumer: status-mirror or audit-log.
+    Consume {
+        #[arg(value_parser = ["status-mirror", "audit-log"])]
+        which: String,
+        #[arg(long, default_value = "127.0.0.1:9092")]
+        brokers: String,
+        #[arg(long, default_value = "jobledger.events")]
+        topic: String,
+        /// Consumer group [default: jobledger-<which>].
+        #[arg(long)]
+        group: Option<String>,
+        /// The consumer's own database.
+        #[arg(
+            long,
+            env = "CONSUMER_DATABASE_URL",
+            default_value = "postgres://postgres@127.0.0.1:5432/jobledger_consumer"
+        )]
+        consumer_database_url: String,
+    },
     /// Counts of jobs by state.
     Stats,
     /// Run a worker that executes a shell command per job (payload on stdin,

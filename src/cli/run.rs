@@ -231,7 +231,39 @@ pub async fn run(cli: Cli) -> Result<i32> {
             }
             Ok(output::OK)
         }
-        Cmd::Verify { job } => {
+        Cmd::Relay {
+            brokers,
+            topic,
+            partitions,
+            batch,
+            metrics_addr,
+        } => {
+            if let Some(addr) = metrics_addr {
+                jobledger::worker::metrics::serve_prometheus(*addr).map_err(anyhow::Error::msg)?;
+            }
+            let mut cfg = jobledger::relay::RelayConfig::new(brokers, topic);
+            cfg.partitions = *partitions;
+            cfg.batch = *batch;
+            let relay = jobledger::relay::Relay::new(ledger.clone(), cfg);
+            let stop = tokio_util::sync::CancellationToken::new();
+            jobledger::worker::cancel_on_signals(stop.clone());
+            eprintln!("relay: {} -> {brokers} topic {topic}", redact(&cli.database_url));
+            relay.run(stop).await?;
+            let c = relay.counters();
+            line(&json!({ "published": c.published.load(std::sync::atomic::Ordering::Relaxed) }));
+            Ok(output::OK)
+        }
+        Cmd::Consume {
+            which,
+            brokers,
+            topic,
+            group,
+            consumer_database_url,
+        } => super::consume::run(which, brokers, topic, group.as_deref(), consumer_database_url).await,
+        Cmd::Verify { job, audit_log } => {
+            if let Some(url) = audit_log {
+                return super::consume::verify_audit_log(&ledger, url).await;
+            }
             let report = ledger.verify(*job).await?;
             for p in &report.problems {
                 line(&json!({ "problem": p }));
@@ -290,6 +322,15 @@ pub async fn run(cli: Cli) -> Result<i32> {
         Cmd::Stats => {
             for (state, n) in ledger.counts_by_state().await? {
                 line(&json!({ "state": state, "jobs": n }));
+            }
+            for name in ledger.reader_names().await? {
+                let reader = jobledger::reader::LogReader::open(ledger.pool().clone(), &name).await?;
+                let cp = reader.checkpoint().await?;
+                let lag = reader.lag(cp).await?;
+                line(
+                    &json!({ "reader": name, "checkpoint": cp, "lag_events": lag.events,
+                              "lag_seconds": lag.seconds, "horizon_held_by": lag.horizon_holder }),
+                );
             }
             Ok(output::OK)
         }

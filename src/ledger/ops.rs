@@ -318,4 +318,12 @@ impl Ledger {
     pub async fn count_events_total(&self) -> LedgerResult<i64> {
         Ok(events::count_events(&self.pool).await?)
     }
+
+    pub async fn reader_names(&self) -> LedgerResult<Vec<String>> {
+        Ok(crate::store::readers::reader_names(&self.pool).await?)
+    }
+
+    pub async fn all_event_hashes(&self) -> LedgerResult<Vec<(Uuid, i64, String)>> {
+        Ok(events::all_hashes(&self.pool).await?)
+    }
 }

@@ -102,3 +102,12 @@ pub async fn count_events<'e>(exec: impl PgExecutor<'e>) -> StoreResult<i64> {
         .fetch_one(exec)
         .await?)
 }
+
+/// `(job_id, version, hash)` of every event (the audit-log check).
+pub async fn all_hashes<'e>(exec: impl PgExecutor<'e>) -> StoreResult<Vec<(Uuid, i64, String)>> {
+    Ok(
+        sqlx::query_as("SELECT job_id, version, hash FROM jobledger.events")
+            .fetch_all(exec)
+            .await?,
+    )
+}

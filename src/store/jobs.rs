@@ -240,3 +240,18 @@ pub async fn oldest_open_age<'e>(exec: impl PgExecutor<'e>) -> StoreResult<Vec<(
     .fetch_all(exec)
     .await?)
 }
+
+/// `(job_id, queue, job_key)` of live or purged jobs: what the relay puts in
+/// a message's key and body.
+pub async fn job_keys<'e>(
+    exec: impl PgExecutor<'e>,
+    ids: &[Uuid],
+) -> StoreResult<Vec<(Uuid, String, Option<String>)>> {
+    Ok(sqlx::query_as(
+        "SELECT job_id, queue, job_key FROM jobledger.jobs WHERE job_id = ANY($1) \
+         UNION ALL SELECT job_id, queue, job_key FROM jobledger.tombstones WHERE job_id = ANY($1)",
+    )
+    .bind(ids)
+    .fetch_all(exec)
+    .await?)
+}

@@ -194,3 +194,11 @@ pub async fn horizon_holder<'e>(
     .fetch_optional(exec)
     .await?)
 }
+
+pub async fn reader_names<'e>(exec: impl PgExecutor<'e>) -> StoreResult<Vec<String>> {
+    Ok(
+        sqlx::query_scalar("SELECT name FROM jobledger.readers ORDER BY name")
+            .fetch_all(exec)
+            .await?,
+    )
+}

@@ -1,0 +1,119 @@
+//! Decoding a Kafka message into a job event (schema 1 of the relay).
+
+use rdkafka::message::{BorrowedMessage, Headers, Message};
+use serde_json::Value;
+
+pub const SCHEMA: i64 = 1;
+
+/// One job event as the relay published it.
+#[derive(Debug, Clone)]
+pub struct JobEvent {
+    /// The message key: the job's `job_key`, else its `job_id`.
+    pub key: String,
+    pub epoch: i64,
+    pub token: i64,
+    pub version: i64,
+    pub position: i64,
+    pub kind: String,
+    /// The whole event as JSON (job_id, states, reason, data, hash, ...).
+    pub body: Value,
+    pub partition: i32,
+    pub offset: i64,
+}
+
+impl JobEvent {
+    pub fn job_id(&self) -> Option<uuid::Uuid> {
+        self.body.get("job_id")?.as_str()?.parse().ok()
+    }
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum DecodeError {
+    #[error("message has no key")]
+    NoKey,
+    #[error("key is not UTF-8")]
+    KeyNotUtf8,
+    #[error("missing header {0}")]
+    MissingHeader(&'static str),
+    #[error("header {0} is not an integer")]
+    BadHeader(&'static str),
+    #[error("unknown schema version {0}")]
+    UnknownSchema(i64),
+    #[error("message has no payload")]
+    NoPayload,
+    #[error("payload is not a JSON object: {0}")]
+    NotJson(String),
+    #[error("header {0} disagrees with the body")]
+    Mismatch(&'static str),
+}
+
+fn header(m: &BorrowedMessage<'_>, name: &'static str) -> Result<String, DecodeError> {
+    let headers = m.headers().ok_or(DecodeError::MissingHeader(name))?;
+    let h = headers
+        .iter()
+        .find(|h| h.key == name)
+        .ok_or(DecodeError::MissingHeader(name))?;
+    let v = h.value.ok_or(DecodeError::MissingHeader(name))?;
+    String::from_utf8(v.to_vec()).map_err(|_| DecodeError::BadHeader(name))
+}
+
+fn int_header(m: &BorrowedMessage<'_>, name: &'static str) -> Result<i64, DecodeError> {
+    header(m, name)?
+        .trim()
+        .parse()
+        .map_err(|_| DecodeError::BadHeader(name))
+}
+
+/// Decodes, or says precisely why not (the message then goes to the
+/// dead-letter table).
+pub fn decode(m: &BorrowedMessage<'_>) -> Result<JobEvent, DecodeError> {
+    decode_parts(
+        m.key(),
+        m.payload(),
+        |name| int_header(m, name),
+        |name| header(m, name),
+        m.partition(),
+        m.offset(),
+    )
+}
+
+/// The decoding rules, independent of rdkafka's message type (fuzzed).
+pub fn decode_parts(
+    key: Option<&[u8]>,
+    payload: Option<&[u8]>,
+    int: impl Fn(&'static str) -> Result<i64, DecodeError>,
+    text: impl Fn(&'static str) -> Result<String, DecodeError>,
+    partition: i32,
+    offset: i64,
+) -> Result<JobEvent, DecodeError> {
+    let schema = int("schema")?;
+    if schema != SCHEMA {
+        return Err(DecodeError::UnknownSchema(schema));
+    }
+    let key = std::str::from_utf8(key.ok_or(DecodeError::NoKey)?)
+        .map_err(|_| DecodeError::KeyNotUtf8)?
+        .to_string();
+    let (epoch, token, version, position) = (int("epoch")?, int("token")?, int("version")?, int("position")?);
+    let kind = text("type")?;
+    let payload = payload.ok_or(DecodeError::NoPayload)?;
+    let body: Value = serde_json::from_slice(payload).map_err(|e| DecodeError::NotJson(e.to_string()))?;
+    if !body.is_object() {
+        return Err(DecodeError::NotJson("not an object".into()));
+    }
+    for (name, v) in [("epoch", epoch), ("token", token), ("version", version)] {
+        if body.get(name).and_then(Value::as_i64) != Some(v) {
+            return Err(DecodeError::Mismatch(name));
+        }
+    }
+    Ok(JobEvent {
+        key,
+        epoch,
+        token,
+        version,
+        position,
+        kind,
+        body,
+        partition,
+        offset,
+    })
+}

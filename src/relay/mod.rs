@@ -1,0 +1,297 @@
+//! The outbox relay: publishes every event of the log to Kafka, per job in
+//! order, with an idempotent producer; advances its checkpoint only after the
+//! broker acknowledged the whole batch, under a fenced lease so a zombie
+//! relay can never move the checkpoint.
+
+pub mod message;
+
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::config::ClientConfig;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
+use sqlx::postgres::PgListener;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use crate::ledger::{Ledger, LedgerError};
+use crate::reader::{LogReader, ReaderLease};
+use crate::store::jobs;
+use crate::worker::BoxFuture;
+
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RelayError {
+    #[error("kafka: {0}")]
+    Kafka(#[from] KafkaError),
+    #[error(transparent)]
+    Ledger(#[from] LedgerError),
+    #[error("the relay lease was taken by another relay; this one stops advancing the checkpoint")]
+    LeaseLost,
+    #[error("delivery failed: {0}")]
+    Delivery(String),
+}
+
+/// Test hooks between the relay's steps.
+#[derive(Clone, Default)]
+#[allow(clippy::type_complexity)]
+pub struct RelayHooks {
+    /// Runs after the broker acknowledged a batch, before the checkpoint moves.
+    pub after_produce: Option<Arc<dyn Fn(usize) -> BoxFuture<()> + Send + Sync>>,
+}
+
+#[derive(Clone)]
+pub struct RelayConfig {
+    pub brokers: String,
+    pub topic: String,
+    pub partitions: i32,
+    pub batch: i64,
+    /// Reader name (one checkpoint per name).
+    pub reader: String,
+    pub holder: String,
+    pub lease: Duration,
+    pub poll: Duration,
+    pub message_timeout: Duration,
+    pub hooks: RelayHooks,
+}
+
+impl RelayConfig {
+    pub fn new(brokers: &str, topic: &str) -> Self {
+        RelayConfig {
+            brokers: brokers.into(),
+            topic: topic.into(),
+            partitions: 8,
+            batch: 5000,
+            reader: format!("relay:{topic}"),
+            holder: format!("{}:relay", crate::worker::process_holder_id()),
+            lease: Duration::from_secs(15),
+            poll: Duration::from_millis(500),
+            message_timeout: Duration::from_secs(10),
+            hooks: RelayHooks::default(),
+        }
+    }
+}
+
+#[derive(Default, Debug)]
+pub struct RelayCounters {
+    pub published: AtomicU64,
+    pub batches: AtomicU64,
+    pub failures: AtomicU64,
+    pub producers_built: AtomicU64,
+}
+
+pub struct Relay {
+    ledger: Ledger,
+    cfg: RelayConfig,
+    counters: Arc<RelayCounters>,
+}
+
+fn producer(cfg: &RelayConfig) -> Result<FutureProducer, KafkaError> {
+    ClientConfig::new()
+        .set("bootstrap.servers", &cfg.brokers)
+        .set("enable.idempotence", "true")
+        .set("acks", "all")
+        // Java clients partition with murmur2: keys land where they expect.
+        .set("partitioner", "murmur2_random")
+        .set("message.timeout.ms", cfg.message_timeout.as_millis().to_string())
+        .set("queue.buffering.max.messages", "500000")
+        .set("linger.ms", "2")
+        .create()
+}
+
+impl Relay {
+    pub fn new(ledger: Ledger, cfg: RelayConfig) -> Self {
+        Relay {
+            ledger,
+            cfg,
+            counters: Arc::new(RelayCounters::default()),
+        }
+    }
+
+    pub fn counters(&self) -> Arc<RelayCounters> {
+        self.counters.clone()
+    }
+
+    /// Creates the topic when missing (this broker does not auto-create).
+    pub async fn ensure_topic(&self) -> Result<(), RelayError> {
+        let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+            .set("bootstrap.servers", &self.cfg.brokers)
+            .create()?;
+        let topic = NewTopic::new(&self.cfg.topic, self.cfg.partitions, TopicReplication::Fixed(1));
+        let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
+        for r in admin.create_topics([&topic], &opts).await? {
+            match r {
+                Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+                Err((t, code)) => return Err(RelayError::Delivery(format!("creating topic {t}: {code}"))),
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs until `shutdown`: survives the broker and the database going
+    /// away (retrying with backoff from the database checkpoint), and yields
+    /// when another relay holds the lease.
+    pub async fn run(&self, shutdown: CancellationToken) -> Result<(), RelayError> {
+        let mut backoff = Duration::from_millis(200);
+        while !shutdown.is_cancelled() {
+            match self.session(&shutdown).await {
+                Ok(()) => return Ok(()),
+                Err(e) => {
+                    self.counters.failures.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!("relay: {e}; resuming from the database checkpoint in {backoff:?}");
+                    tokio::select! { _ = shutdown.cancelled() => {}, _ = tokio::time::sleep(backoff) => {} }
+                    backoff = (backoff * 2).min(Duration::from_secs(10));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn session(&self, shutdown: &CancellationToken) -> Result<(), RelayError> {
+        self.ensure_topic().await?;
+        let producer = producer(&self.cfg)?;
+        self.counters.producers_built.fetch_add(1, Ordering::Relaxed);
+        let reader = LogReader::open(self.ledger.pool().clone(), &self.cfg.reader).await?;
+        let lease = loop {
+            if let Some(l) = reader.acquire(&self.cfg.holder, self.cfg.lease).await? {
+                break l;
+            }
+            tracing::info!("relay: another relay holds {}; waiting", self.cfg.reader);
+            tokio::select! { _ = shutdown.cancelled() => return Ok(()), _ = tokio::time::sleep(self.cfg.poll) => {} }
+        };
+        let mut listener = PgListener::connect_with(self.ledger.pool()).await.ok();
+        if let Some(l) = listener.as_mut() {
+            if l.listen("jobledger_events").await.is_err() {
+                listener = None;
+            }
+        }
+        let mut cp = reader.checkpoint().await?;
+        let mut renewed = Instant::now();
+        let mut last_pin_report = Instant::now() - Duration::from_secs(60);
+        while !shutdown.is_cancelled() {
+            if renewed.elapsed() > self.cfg.lease / 3 {
+                if !lease.renew().await? {
+                    return Err(RelayError::LeaseLost);
+                }
+                renewed = Instant::now();
+            }
+            let batch = reader.read(cp, self.cfg.batch).await?;
+            if batch.events.is_empty() {
+                if last_pin_report.elapsed() > Duration::from_secs(10) {
+                    self.report_pin(&reader, cp).await;
+                    last_pin_report = Instant::now();
+                }
+                let wait = tokio::time::sleep(self.cfg.poll);
+                match listener.as_mut() {
+                    Some(l) => {
+                        tokio::select! { _ = shutdown.cancelled() => {}, _ = l.recv() => {}, _ = wait => {} }
+                    }
+                    None => tokio::select! { _ = shutdown.cancelled() => {}, _ = wait => {} },
+                }
+                continue;
+            }
+            self.publish(&producer, &batch.events).await?;
+            if let Some(h) = &self.cfg.hooks.after_produce {
+                h(batch.events.len()).await;
+            }
+            self.advance(&lease, batch.next).await?;
+            cp = batch.next;
+            self.counters
+                .published
+                .fetch_add(batch.events.len() as u64, Ordering::Relaxed);
+            self.counters.batches.fetch_add(1, Ordering::Relaxed);
+            metrics::counter!("jobledger_relay_published_total").increment(batch.events.len() as u64);
+        }
+        Ok(())
+    }
+
+    async fn advance(&self, lease: &ReaderLease, to: crate::reader::Checkpoint) -> Result<(), RelayError> {
+        if lease.advance(to).await? {
+            Ok(())
+        } else {
+            Err(RelayError::LeaseLost)
+        }
+    }
+
+    /// Sends the batch and waits until the broker acknowledged every message.
+    async fn publish(
+        &self,
+        producer: &FutureProducer,
+        events: &[crate::reader::LogEvent],
+    ) -> Result<(), RelayError> {
+        let mut ids: Vec<Uuid> = events.iter().map(|e| e.event.job_id).collect();
+        ids.sort();
+        ids.dedup();
+        let keys: HashMap<Uuid, (String, Option<String>)> = jobs::job_keys(self.ledger.pool(), &ids)
+            .await
+            .map_err(LedgerError::from)?
+            .into_iter()
+            .map(|(id, q, k)| (id, (q, k)))
+            .collect();
+        let mut pending = Vec::with_capacity(events.len());
+        for e in events {
+            let (queue, key) = keys.get(&e.event.job_id).cloned().unwrap_or_default();
+            let m = message::message(e, &queue, key.as_deref());
+            let mut headers = OwnedHeaders::new_with_capacity(m.headers.len());
+            for (k, v) in &m.headers {
+                headers = headers.insert(Header {
+                    key: k,
+                    value: Some(v.as_bytes()),
+                });
+            }
+            let mut record = FutureRecord::to(&self.cfg.topic)
+                .key(&m.key)
+                .payload(&m.body)
+                .headers(headers);
+            loop {
+                match producer.send_result(record) {
+                    Ok(f) => {
+                        pending.push(f);
+                        break;
+                    }
+                    Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r)) => {
+                        record = r;
+                        producer.poll(Duration::from_millis(10));
+                        tokio::task::yield_now().await;
+                    }
+                    Err((e, _)) => return Err(e.into()),
+                }
+            }
+        }
+        for f in pending {
+            match f.await {
+                Ok(Ok(_)) => {}
+                Ok(Err((e, _))) => {
+                    if let Some((code, reason)) = producer.client().fatal_error() {
+                        return Err(RelayError::Delivery(format!(
+                            "fatal producer error {code:?}: {reason}; rebuilding"
+                        )));
+                    }
+                    return Err(e.into());
+                }
+                Err(_) => return Err(RelayError::Delivery("delivery cancelled".into())),
+            }
+        }
+        Ok(())
+    }
+
+    async fn report_pin(&self, reader: &LogReader, cp: crate::reader::Checkpoint) {
+        if let Ok(lag) = reader.lag(cp).await {
+            metrics::gauge!("jobledger_relay_lag_events").set(lag.events as f64);
+            metrics::gauge!("jobledger_relay_lag_seconds").set(lag.seconds);
+            if lag.events > 0 {
+                if let Some(h) = lag.horizon_holder {
+                    tracing::warn!(
+                        "relay: {} event(s) wait behind an open transaction: pid {} in database {:?}, open {:.1}s ({:?})",
+                        lag.events, h.pid, h.database, h.open_seconds, h.query
+                    );
+                }
+            }
+        }
+    }
+}
