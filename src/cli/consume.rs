@@ -12,11 +12,11 @@ use jobledger_consumers::{ConsumerConfig, FencedConsumer};
 async fn consumer_pool(url: &str) -> Result<sqlx::PgPool> {
     // The consumer's database is its own; create it like `migrate` does.
     jobledger::store::schema::create_database_if_missing(&jobledger::ledger::connect_options(url)?).await?;
-    Ok(sqlx::postgres::PgPoolOptions::new()
+    sqlx::postgres::PgPoolOptions::new()
         .max_connections(4)
         .connect(url)
         .await
-        .context("consumer database")?)
+        .context("consumer database")
 }
 
 pub async fn run(which: &str, brokers: &str, topic: &str, group: Option<&str>, db: &str) -> Result<i32> {
