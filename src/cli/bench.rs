@@ -116,21 +116,39 @@ async fn w1(ledger: &Ledger, n: usize) -> Result<()> {
     Ok(())
 }
 
-/// W2: batches of 1,000 jobs per transaction.
+/// W2: batches of 1,000 jobs per transaction, from 4 concurrent clients
+/// (one client leaves a core idle while the other works).
 async fn w2(ledger: &Ledger, queue: &str, n: usize) -> Result<()> {
     let started = Instant::now();
     enqueue_batched(ledger, queue, n).await?;
-    report("W2 enqueue, batches of 1000", n, started, json!({}));
+    report("W2 enqueue, batches of 1000, 4 clients", n, started, json!({}));
     Ok(())
 }
 
 async fn enqueue_batched(ledger: &Ledger, queue: &str, n: usize) -> Result<()> {
-    for chunk in (0..n).collect::<Vec<_>>().chunks(1000) {
-        let mut tx = ledger.pool().begin().await?;
-        ledger
-            .enqueue_many_in(&mut tx, chunk.iter().map(|i| job(queue, *i)).collect())
-            .await?;
-        tx.commit().await?;
+    let chunks: Vec<Vec<usize>> = (0..n)
+        .collect::<Vec<_>>()
+        .chunks(1000)
+        .map(<[usize]>::to_vec)
+        .collect();
+    let chunks = Arc::new(std::sync::Mutex::new(chunks));
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..4 {
+        let (l, chunks, queue) = (ledger.clone(), chunks.clone(), queue.to_string());
+        tasks.spawn(async move {
+            loop {
+                let Some(chunk) = chunks.lock().expect("chunks").pop() else {
+                    return anyhow::Ok(());
+                };
+                let mut tx = l.pool().begin().await?;
+                l.enqueue_many_in(&mut tx, chunk.iter().map(|i| job(&queue, *i)).collect())
+                    .await?;
+                tx.commit().await?;
+            }
+        });
+    }
+    while let Some(r) = tasks.join_next().await {
+        r??;
     }
     Ok(())
 }
