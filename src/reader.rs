@@ -30,10 +30,24 @@ pub struct Checkpoint {
     pub position: i64,
 }
 
+/// One event as stored; `event()` parses it into the domain type (the relay
+/// does not need to, and skips that cost).
 #[derive(Clone, Debug)]
 pub struct LogEvent {
     pub position: i64,
-    pub event: Event,
+    pub row: crate::store::EventRow,
+}
+
+impl LogEvent {
+    pub fn job_id(&self) -> Uuid {
+        self.row.job_id
+    }
+    pub fn version(&self) -> i64 {
+        self.row.version
+    }
+    pub fn event(&self) -> LedgerResult<Event> {
+        Ok(self.row.to_event()?)
+    }
 }
 
 #[derive(Clone, Debug, Default)]
@@ -69,11 +83,11 @@ pub struct LogReader {
     name: String,
 }
 
-fn to_log(e: LoggedEvent) -> LedgerResult<LogEvent> {
-    Ok(LogEvent {
+fn to_log(e: LoggedEvent) -> LogEvent {
+    LogEvent {
         position: e.row.position,
-        event: e.row.to_event()?,
-    })
+        row: e.row,
+    }
 }
 
 impl LogReader {
@@ -123,15 +137,11 @@ impl LogReader {
             readers::pending_predecessors(&mut conn, after.txid, after.position, &jobs, &versions).await?
         };
         let n_early = early.len();
-        let mut events: Vec<LogEvent> = early
-            .into_iter()
-            .chain(rows)
-            .map(to_log)
-            .collect::<LedgerResult<_>>()?;
+        let mut events: Vec<LogEvent> = early.into_iter().chain(rows).map(to_log).collect();
         // Per job in version order; a job's events keep their relative order
         // and jobs stay roughly in log order.
-        events.sort_by_key(|e| (e.event.job_id, e.event.version));
-        events.dedup_by_key(|e| (e.event.job_id, e.event.version));
+        events.sort_by_key(|e| (e.row.job_id, e.row.version));
+        events.dedup_by_key(|e| (e.row.job_id, e.row.version));
         Ok(Batch {
             events,
             next,

@@ -29,19 +29,19 @@ async fn drain(reader: &LogReader, from: Checkpoint, limit: i64) -> (Vec<LogEven
 fn assert_per_job_order(events: &[LogEvent]) -> HashMap<Uuid, i64> {
     let mut seen: HashMap<Uuid, i64> = HashMap::new();
     for e in events {
-        let last = seen.entry(e.event.job_id).or_insert(0);
-        if e.event.version <= *last {
+        let last = seen.entry(e.job_id()).or_insert(0);
+        if e.version() <= *last {
             continue; // duplicate
         }
         assert_eq!(
-            e.event.version,
+            e.version(),
             *last + 1,
             "job {} jumped from v{} to v{}",
-            e.event.job_id,
+            e.job_id(),
             last,
-            e.event.version
+            e.version()
         );
-        *last = e.event.version;
+        *last = e.version();
     }
     seen
 }
@@ -92,7 +92,7 @@ async fn out_of_order_commits_are_never_skipped() {
 
     slow.commit().await.unwrap();
     let (events, _) = drain(&reader, b.next, 100).await;
-    let jobs: Vec<Uuid> = events.iter().map(|e| e.event.job_id).collect();
+    let jobs: Vec<Uuid> = events.iter().map(|e| e.job_id()).collect();
     assert!(
         jobs.contains(&s.job.job_id) && jobs.contains(&f.job.job_id),
         "both delivered"
@@ -156,11 +156,11 @@ async fn an_early_xid_never_puts_a_version_before_its_predecessor() {
     let (after, _) = drain(&reader, cp, 2).await;
     let first_v3 = after
         .iter()
-        .position(|e| e.event.job_id == j.job_id && e.event.version == 3)
+        .position(|e| e.job_id() == j.job_id && e.version() == 3)
         .unwrap();
     let first_v4 = after
         .iter()
-        .position(|e| e.event.job_id == j.job_id && e.event.version == 4)
+        .position(|e| e.job_id() == j.job_id && e.version() == 4)
         .unwrap();
     assert!(first_v3 < first_v4, "v3 is handed out before v4");
     let mut all = before;

@@ -76,6 +76,9 @@ impl FencedConsumer {
             .set("enable.auto.offset.store", "false")
             .set("auto.offset.reset", "earliest")
             .set("session.timeout.ms", "10000")
+            // Low latency: do not let the broker park fetches for long
+            // (tansu answers a parked fetch only when it times out).
+            .set("fetch.wait.max.ms", "10")
             .create()?;
         consumer.subscribe(&[&cfg.topic])?;
         Ok(FencedConsumer {

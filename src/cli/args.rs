@@ -299,7 +299,7 @@ pub enum Cmd {
     },
     /// Throughput and latency figures (JSON lines), in a throwaway database.
     Bench {
-        /// Run only these workloads: w1, w2, w3, latency, w3-history.
+        /// Run only these workloads: w1, w2, w3, latency, relay, e2e, w3-history.
         #[arg(long)]
         only: Vec<String>,
         #[arg(long, default_value_t = 10_000)]
@@ -312,6 +312,12 @@ pub enum Cmd {
         history_events: usize,
         #[arg(long, default_value_t = 200)]
         latency_samples: usize,
+        /// Worker prefetch in W3 [default: the concurrency, 16].
+        #[arg(long)]
+        prefetch: Option<usize>,
+        /// Broker for the relay and end-to-end workloads.
+        #[arg(long, default_value = "127.0.0.1:9092")]
+        brokers: String,
     },
     /// The main job end to end: enqueue, work, stall, take over, reconcile.
     Demo {

@@ -71,6 +71,8 @@ pub async fn run(cli: Cli) -> Result<i32> {
         w3_jobs,
         history_events,
         latency_samples,
+        prefetch,
+        brokers,
     } = &cli.command
     {
         let args = super::bench::BenchArgs {
@@ -81,6 +83,8 @@ pub async fn run(cli: Cli) -> Result<i32> {
             w3_jobs: *w3_jobs,
             history_events: *history_events,
             latency_samples: *latency_samples,
+            prefetch: *prefetch,
+            brokers: brokers.clone(),
         };
         return super::bench::run(args).await;
     }

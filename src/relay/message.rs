@@ -5,7 +5,7 @@
 //! Headers: `epoch`, `token`, `version`, `position`, `type`, `schema` (decimal
 //! text). Body: the whole event, hash included, plus queue and key.
 
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use crate::domain::digest::fmt_time;
 use crate::reader::LogEvent;
@@ -18,39 +18,65 @@ pub struct Message {
     pub body: Vec<u8>,
 }
 
+/// The body, serialised straight from the stored row (no parsing into the
+/// domain type and back: the relay's hot path).
+#[derive(serde::Serialize)]
+struct Body<'a> {
+    schema: i64,
+    job_id: &'a uuid::Uuid,
+    job_key: Option<&'a str>,
+    queue: &'a str,
+    version: i64,
+    position: i64,
+    epoch: i64,
+    token: i64,
+    attempt: i32,
+    run: i32,
+    #[serde(rename = "type")]
+    kind: &'a str,
+    from_state: Option<&'a str>,
+    to_state: &'a str,
+    reason: &'a str,
+    error_class: Option<&'a str>,
+    actor: &'a str,
+    recorded_at: String,
+    data: &'a Value,
+    prev_hash: Option<&'a str>,
+    hash: &'a str,
+}
+
 pub fn message(e: &LogEvent, queue: &str, job_key: Option<&str>) -> Message {
-    let ev = &e.event;
-    let (kind, data) = ev.body.to_parts();
-    let body = json!({
-        "schema": SCHEMA,
-        "job_id": ev.job_id,
-        "job_key": job_key,
-        "queue": queue,
-        "version": ev.version,
-        "position": e.position,
-        "epoch": ev.epoch,
-        "token": ev.token,
-        "attempt": ev.attempt,
-        "run": ev.run,
-        "type": kind,
-        "from_state": ev.from_state,
-        "to_state": ev.to_state,
-        "reason": ev.reason,
-        "error_class": ev.error_class,
-        "actor": ev.actor,
-        "recorded_at": fmt_time(ev.recorded_at),
-        "data": data,
-        "prev_hash": ev.prev_hash,
-        "hash": ev.hash,
-    });
+    let r = &e.row;
+    let body = Body {
+        schema: SCHEMA,
+        job_id: &r.job_id,
+        job_key,
+        queue,
+        version: r.version,
+        position: e.position,
+        epoch: r.epoch,
+        token: r.token,
+        attempt: r.attempt,
+        run: r.run,
+        kind: &r.kind,
+        from_state: r.from_state.as_deref(),
+        to_state: &r.to_state,
+        reason: &r.reason,
+        error_class: r.error_class.as_deref(),
+        actor: &r.actor,
+        recorded_at: fmt_time(r.recorded_at),
+        data: &r.data,
+        prev_hash: r.prev_hash.as_deref(),
+        hash: &r.hash,
+    };
     Message {
-        key: job_key.map_or_else(|| ev.job_id.to_string(), str::to_string),
+        key: job_key.map_or_else(|| r.job_id.to_string(), str::to_string),
         headers: vec![
-            ("epoch", ev.epoch.to_string()),
-            ("token", ev.token.to_string()),
-            ("version", ev.version.to_string()),
+            ("epoch", r.epoch.to_string()),
+            ("token", r.token.to_string()),
+            ("version", r.version.to_string()),
             ("position", e.position.to_string()),
-            ("type", kind),
+            ("type", r.kind.clone()),
             ("schema", SCHEMA.to_string()),
         ],
         body: serde_json::to_vec(&body).expect("json"),

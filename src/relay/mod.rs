@@ -173,6 +173,7 @@ impl Relay {
         let mut cp = reader.checkpoint().await?;
         let mut renewed = Instant::now();
         let mut last_pin_report = Instant::now() - Duration::from_secs(60);
+        let mut batch = reader.read(cp, self.cfg.batch).await?;
         while !shutdown.is_cancelled() {
             if renewed.elapsed() > self.cfg.lease / 3 {
                 if !lease.renew().await? {
@@ -180,7 +181,6 @@ impl Relay {
                 }
                 renewed = Instant::now();
             }
-            let batch = reader.read(cp, self.cfg.batch).await?;
             if batch.events.is_empty() {
                 if last_pin_report.elapsed() > Duration::from_secs(10) {
                     self.report_pin(&reader, cp).await;
@@ -193,9 +193,17 @@ impl Relay {
                     }
                     None => tokio::select! { _ = shutdown.cancelled() => {}, _ = wait => {} },
                 }
+                batch = reader.read(cp, self.cfg.batch).await?;
                 continue;
             }
-            self.publish(&producer, &batch.events).await?;
+            let pending = self.send(&producer, &batch.events).await?;
+            // Read the next batch while the broker acknowledges this one; the
+            // checkpoint still moves only after every acknowledgement.
+            let (acked, next) = tokio::join!(
+                self.acks(&producer, pending),
+                reader.read(batch.next, self.cfg.batch)
+            );
+            acked?;
             if let Some(h) = &self.cfg.hooks.after_produce {
                 h(batch.events.len()).await;
             }
@@ -206,6 +214,7 @@ impl Relay {
                 .fetch_add(batch.events.len() as u64, Ordering::Relaxed);
             self.counters.batches.fetch_add(1, Ordering::Relaxed);
             metrics::counter!("jobledger_relay_published_total").increment(batch.events.len() as u64);
+            batch = next?;
         }
         Ok(())
     }
@@ -218,13 +227,13 @@ impl Relay {
         }
     }
 
-    /// Sends the batch and waits until the broker acknowledged every message.
-    async fn publish(
+    /// Hands the batch to the producer (in order); returns its deliveries.
+    async fn send(
         &self,
         producer: &FutureProducer,
         events: &[crate::reader::LogEvent],
-    ) -> Result<(), RelayError> {
-        let mut ids: Vec<Uuid> = events.iter().map(|e| e.event.job_id).collect();
+    ) -> Result<Vec<rdkafka::producer::DeliveryFuture>, RelayError> {
+        let mut ids: Vec<Uuid> = events.iter().map(|e| e.row.job_id).collect();
         ids.sort();
         ids.dedup();
         let keys: HashMap<Uuid, (String, Option<String>)> = jobs::job_keys(self.ledger.pool(), &ids)
@@ -235,7 +244,7 @@ impl Relay {
             .collect();
         let mut pending = Vec::with_capacity(events.len());
         for e in events {
-            let (queue, key) = keys.get(&e.event.job_id).cloned().unwrap_or_default();
+            let (queue, key) = keys.get(&e.row.job_id).cloned().unwrap_or_default();
             let m = message::message(e, &queue, key.as_deref());
             let mut headers = OwnedHeaders::new_with_capacity(m.headers.len());
             for (k, v) in &m.headers {
@@ -263,6 +272,15 @@ impl Relay {
                 }
             }
         }
+        Ok(pending)
+    }
+
+    /// Waits until the broker acknowledged every message of a batch.
+    async fn acks(
+        &self,
+        producer: &FutureProducer,
+        pending: Vec<rdkafka::producer::DeliveryFuture>,
+    ) -> Result<(), RelayError> {
         for f in pending {
             match f.await {
                 Ok(Ok(_)) => {}

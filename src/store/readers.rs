@@ -8,6 +8,15 @@ use uuid::Uuid;
 use super::rows::{EventRow, EVENT_COLUMNS};
 use super::StoreResult;
 
+/// `e.position, e.job_id, ...`: the event columns of alias `e`.
+fn qualified() -> String {
+    std::iter::once("position")
+        .chain(EVENT_COLUMNS.split(',').map(str::trim))
+        .map(|c| format!("e.{c}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// An event with its place in the reader's order.
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct LoggedEvent {
@@ -123,9 +132,12 @@ pub async fn events_after(
     limit: i64,
 ) -> StoreResult<Vec<LoggedEvent>> {
     let sql = format!(
-        "SELECT txid::text::bigint AS txid, position, {EVENT_COLUMNS} FROM jobledger.events \
-         WHERE (txid, position) > ($1::text::xid8, $2) AND txid < pg_snapshot_xmin(pg_current_snapshot()) \
-         ORDER BY txid, position LIMIT $3"
+        // `ORDER BY e.txid`, not the bigint alias: ordering by the alias
+        // would sort the whole tail instead of walking the index.
+        "SELECT e.txid::text::bigint AS txid, {} FROM jobledger.events e \
+         WHERE (e.txid, e.position) > ($1::text::xid8, $2) AND e.txid < pg_snapshot_xmin(pg_current_snapshot()) \
+         ORDER BY e.txid, e.position LIMIT $3",
+        qualified()
     );
     Ok(sqlx::query_as(&sql)
         .bind(txid)
