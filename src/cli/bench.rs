@@ -419,7 +419,7 @@ pub async fn end_to_end(
     stop.cancel();
     relay_run.await??;
     consumer_run.await??;
-    let applied = applied.lock().expect("stamps");
+    let applied = applied.lock().expect("stamps").clone();
     let mut ms: Vec<f64> = committed
         .iter()
         .filter_map(|(k, t)| {
