@@ -325,5 +325,8 @@ pub enum Cmd {
         jobs: usize,
         #[arg(long, default_value_t = 4)]
         workers: usize,
+        /// Kafka broker for the relay and the status-mirror consumer.
+        #[arg(long, default_value = "127.0.0.1:9092")]
+        brokers: String,
     },
 }

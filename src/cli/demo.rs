@@ -31,10 +31,12 @@ struct Demo {
     queue: String,
 }
 
-pub async fn run(url: &str, jobs: usize, workers: usize) -> Result<i32> {
+pub async fn run(url: &str, jobs: usize, workers: usize, brokers: &str) -> Result<i32> {
     let started = Instant::now();
     // Keep the private cluster (if any) alive until the end of the demo.
-    let (_cluster, url) = match Ledger::connect(url, 1).await {
+    let server_answers =
+        jobledger::store::schema::create_database_if_missing(&jobledger::ledger::connect_options(url)?).await;
+    let (_cluster, url) = match server_answers {
         Ok(_) => (None, url.to_string()),
         Err(e) => {
             eprintln!("demo: nothing answers at {url} ({e}); starting a private PostgreSQL under target/");
@@ -53,6 +55,7 @@ pub async fn run(url: &str, jobs: usize, workers: usize) -> Result<i32> {
         provider: Arc::new(FakeProvider::new()),
         queue,
     });
+    let kafka = start_kafka(&demo, &url, brokers).await;
     let keys = enqueue_all(&demo, jobs).await?;
 
     let (cancel_tx, cancel_rx) = mpsc::channel::<CancelRequest>(16);
@@ -100,7 +103,121 @@ pub async fn run(url: &str, jobs: usize, workers: usize) -> Result<i32> {
         reports.push(r.await??);
     }
     canceller.abort();
-    summary(&demo, &keys, &stalled, zombie_report, &reports, started).await
+    let kafka = match kafka {
+        Some(k) => Some(finish_kafka(&demo, k).await?),
+        None => None,
+    };
+    summary(&demo, &keys, &stalled, zombie_report, &reports, kafka, started).await
+}
+
+struct Kafka {
+    stop: CancellationToken,
+    relay: tokio::task::JoinHandle<()>,
+    published: Arc<jobledger::relay::RelayCounters>,
+    consumer: tokio::task::JoinHandle<()>,
+    counters: Arc<jobledger_consumers::ConsumerCounters>,
+    mirror: sqlx::PgPool,
+}
+
+/// What the Kafka side showed: events published, the consumer's counts, and
+/// whether the status mirror ended equal to the ledger.
+struct KafkaReport {
+    published: u64,
+    consumer: serde_json::Value,
+    mirror_equal: bool,
+}
+
+/// Starts the relay and a status-mirror consumer, if a broker answers.
+async fn start_kafka(demo: &Arc<Demo>, url: &str, brokers: &str) -> Option<Kafka> {
+    use jobledger::relay::{Relay, RelayConfig};
+    let topic = format!("jobledger.{}", demo.queue);
+    let mut cfg = RelayConfig::new(brokers, &topic);
+    cfg.partitions = 4;
+    cfg.poll = Duration::from_millis(100);
+    let relay = Relay::new(demo.ledger.clone(), cfg);
+    if tokio::time::timeout(Duration::from_secs(5), relay.ensure_topic())
+        .await
+        .map(|r| r.is_ok())
+        != Ok(true)
+    {
+        eprintln!("demo: no Kafka broker answers at {brokers} (scripts/kafka-up starts one); skipping the relay and the consumer");
+        return None;
+    }
+    let mirror_url = {
+        let mut u = url::Url::parse(url).ok()?;
+        let db = u.path().trim_start_matches('/').to_string();
+        u.set_path(&format!("/{db}_mirror"));
+        u.to_string()
+    };
+    jobledger::store::schema::create_database_if_missing(
+        &jobledger::ledger::connect_options(&mirror_url).ok()?,
+    )
+    .await
+    .ok()?;
+    let mirror = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(4)
+        .connect(&mirror_url)
+        .await
+        .ok()?;
+    let ccfg = jobledger_consumers::ConsumerConfig {
+        brokers: brokers.into(),
+        group: format!("demo-{}", demo.queue),
+        topic,
+    };
+    let consumer = jobledger_consumers::FencedConsumer::new(ccfg, mirror.clone())
+        .await
+        .ok()?;
+    let stop = CancellationToken::new();
+    let published = relay.counters();
+    let counters = consumer.counters();
+    let s = stop.clone();
+    let relay = tokio::spawn(async move {
+        if let Err(e) = relay.run(s).await {
+            eprintln!("demo: relay stopped: {e}");
+        }
+    });
+    let s = stop.clone();
+    let consumer = tokio::spawn(async move {
+        if let Err(e) = consumer.run(&jobledger_consumers::shipped::StatusMirror, s).await {
+            eprintln!("demo: consumer stopped: {e}");
+        }
+    });
+    eprintln!("demo: relaying to {brokers}, mirroring job states into {mirror_url}");
+    Some(Kafka {
+        stop,
+        relay,
+        published,
+        consumer,
+        counters,
+        mirror,
+    })
+}
+
+async fn finish_kafka(demo: &Arc<Demo>, k: Kafka) -> Result<KafkaReport> {
+    let expected: Vec<(Uuid, String, i64)> = demo.ledger.states_in(&demo.queue).await?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut mirror_equal = false;
+    while Instant::now() < deadline {
+        let rows = jobledger_consumers::shipped::mirror_rows(&k.mirror).await?;
+        let mirrored: std::collections::HashMap<Uuid, (String, i64)> =
+            rows.into_iter().map(|(id, s, v)| (id, (s, v))).collect();
+        if expected
+            .iter()
+            .all(|(id, s, v)| mirrored.get(id) == Some(&(s.clone(), *v)))
+        {
+            mirror_equal = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    k.stop.cancel();
+    let _ = k.relay.await;
+    let _ = k.consumer.await;
+    Ok(KafkaReport {
+        published: k.published.published.load(std::sync::atomic::Ordering::Relaxed),
+        consumer: k.counters.snapshot(),
+        mirror_equal,
+    })
 }
 
 async fn enqueue_all(demo: &Demo, jobs: usize) -> Result<Vec<String>> {
@@ -250,6 +367,7 @@ fn zombie_worker(
     };
     Ok(builder(demo, "worker-zombie")
         .concurrency(ZOMBIES)
+        .prefetch(0)
         .handler("refund", handler)
         .hooks(hooks)
         .build()?)
@@ -303,6 +421,7 @@ async fn summary(
     stalled: &[Uuid],
     zombie: WorkerReport,
     reports: &[WorkerReport],
+    kafka: Option<KafkaReport>,
     started: Instant,
 ) -> Result<i32> {
     let l = &demo.ledger;
@@ -337,6 +456,13 @@ async fn summary(
         "  events verified            {verified} (hash chains + replay), problems: {}",
         problems.len()
     );
+    if let Some(k) = &kafka {
+        eprintln!("  events published to Kafka  {}", k.published);
+        eprintln!(
+            "  status-mirror consumer     {} (mirror equals the ledger: {})",
+            k.consumer, k.mirror_equal
+        );
+    }
     if let Some(id) = stalled.first() {
         eprintln!("\n== history of taken-over job {id} ==");
         for line in super::timeline::lines(l, *id).await? {
@@ -348,6 +474,7 @@ async fn summary(
         && takeovers >= stalled.len() as i64
         && zombie.lost_leases >= stalled.len() as u64
         && problems.is_empty()
+        && kafka.as_ref().is_none_or(|k| k.mirror_equal)
         && counts
             .iter()
             .all(|(s, _)| JobState::parse(s).is_some_and(|s| s.is_terminal()));
@@ -359,6 +486,7 @@ async fn summary(
             "takeovers": takeovers, "stale_rejected": lost, "duplicate_refunds": duplicates,
             "provider_calls": calls, "provider_lookups": lookups, "verified_events": verified,
             "problems": problems.len(), "seconds": started.elapsed().as_secs_f64(),
+            "kafka": kafka.as_ref().map(|k| json!({ "published": k.published, "consumer": k.consumer, "mirror_equal": k.mirror_equal })),
         })
     );
     eprintln!(

@@ -88,8 +88,13 @@ pub async fn run(cli: Cli) -> Result<i32> {
         };
         return super::bench::run(args).await;
     }
-    if let Cmd::Demo { jobs, workers } = cli.command {
-        return super::demo::run(&cli.database_url, jobs, workers).await;
+    if let Cmd::Demo {
+        jobs,
+        workers,
+        brokers,
+    } = &cli.command
+    {
+        return super::demo::run(&cli.database_url, *jobs, *workers, brokers).await;
     }
     let ledger = connect(&cli).await?;
     match &cli.command {

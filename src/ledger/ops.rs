@@ -326,4 +326,8 @@ impl Ledger {
     pub async fn all_event_hashes(&self) -> LedgerResult<Vec<(Uuid, i64, String)>> {
         Ok(events::all_hashes(&self.pool).await?)
     }
+
+    pub async fn states_in(&self, queue: &str) -> LedgerResult<Vec<(Uuid, String, i64)>> {
+        Ok(jobs::states_in_queue(&self.pool, queue).await?)
+    }
 }

@@ -255,3 +255,16 @@ pub async fn job_keys<'e>(
     .fetch_all(exec)
     .await?)
 }
+
+/// `(job_id, state, version)` of a queue's jobs, in id order.
+pub async fn states_in_queue<'e>(
+    exec: impl PgExecutor<'e>,
+    queue: &str,
+) -> StoreResult<Vec<(Uuid, String, i64)>> {
+    Ok(
+        sqlx::query_as("SELECT job_id, state, version FROM jobledger.jobs WHERE queue = $1 ORDER BY job_id")
+            .bind(queue)
+            .fetch_all(exec)
+            .await?,
+    )
+}
