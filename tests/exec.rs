@@ -107,3 +107,76 @@ async fn a_cancel_terminates_the_command_and_is_confirmed() {
     assert_eq!(db.job(job.job_id).await.reason, Reason::CancelConfirmed);
     let _ = std::fs::remove_file(mark);
 }
+
+async fn http_get(port: u16, path: &str) -> Option<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.ok()?;
+    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").as_bytes())
+        .await
+        .ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).await.ok()?;
+    Some(out)
+}
+
+/// `jobledger worker --exec ... --metrics-addr`: the Prometheus endpoint
+/// shows what the seeds ask to watch; SIGTERM drains and exits cleanly.
+#[tokio::test]
+async fn the_worker_binary_serves_metrics_and_stops_on_sigterm() {
+    let db = fresh().await;
+    for i in 0..3 {
+        db.enqueue(Some(&format!("m{i}")), json!({"i": i})).await;
+    }
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_jobledger"))
+        .args([
+            "worker",
+            "--queue",
+            "q",
+            "--exec",
+            "cat",
+            "--poll",
+            "50ms",
+            "--heartbeat",
+            "1s",
+            "--lease",
+            "5s",
+        ])
+        .args(["--metrics-addr", &format!("127.0.0.1:{port}")])
+        .env("DATABASE_URL", &db.url)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    eventually("the jobs are done", || async { db.open_jobs().await == 0 }).await;
+    eventually("the sweeper refreshed the gauges", || async {
+        http_get(port, "/metrics")
+            .await
+            .unwrap_or_default()
+            .contains("jobledger_jobs{state=\"succeeded\"} 3")
+    })
+    .await;
+    let body = http_get(port, "/metrics").await.unwrap();
+    for name in [
+        "jobledger_claimed_total",
+        "jobledger_handler_runs_total{kind=\"refund\",next_action=\"execute\"} 3",
+        "jobledger_outcomes_total{outcome=\"committed\"} 3",
+        "jobledger_claim_seconds",
+        "jobledger_complete_seconds",
+    ] {
+        assert!(body.contains(name), "{name} missing from:\n{body}");
+    }
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["succeeded"], 3);
+}
