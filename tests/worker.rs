@@ -390,3 +390,59 @@ async fn unknown_kinds_panics_and_registered_policies() {
     assert_eq!(later.policy.max_attempts, 7);
     stop(w).await;
 }
+
+/// A handler finishes with its own business writes in the completion's
+/// transaction: both commit together; when the fence refuses, neither does.
+#[tokio::test]
+async fn business_writes_commit_with_the_completion_or_not_at_all() {
+    let db = fresh().await;
+    sqlx::query("CREATE TABLE refunds_done (job_id uuid PRIMARY KEY)")
+        .execute(db.ledger.pool())
+        .await
+        .unwrap();
+    let ok = db.enqueue(Some("ok"), json!({"steal": false})).await;
+    let stolen = db.enqueue(Some("stolen"), json!({"steal": true})).await;
+    let ledger = db.ledger.clone();
+    let w = base(&db, "w")
+        .handler("refund", move |ctx: JobContext| {
+            let ledger = ledger.clone();
+            async move {
+                if ctx.payload()["steal"] == json!(true) {
+                    // Another worker takes the job over before this one commits.
+                    sqlx::query("UPDATE jobledger.jobs SET lease_until = now() - interval '1 second' WHERE job_id = $1")
+                        .bind(ctx.job().job_id)
+                        .execute(ledger.pool())
+                        .await
+                        .unwrap();
+                    let (r, _) = ledger.claim_job(ctx.job().job_id, "thief", Duration::from_secs(30)).await.unwrap();
+                    assert!(r.committed());
+                }
+                let mut tx = ctx.pool().begin().await.unwrap();
+                sqlx::query("INSERT INTO refunds_done VALUES ($1)").bind(ctx.job().job_id).execute(&mut *tx).await.unwrap();
+                let r = ctx.complete_in(&mut tx, Some(json!({"done": true}))).await.unwrap();
+                if r.committed() {
+                    tx.commit().await.unwrap();
+                }
+                HandlerOutcome::Written(Box::new(r))
+            }
+        })
+        .build()
+        .unwrap();
+    let w = start(w);
+    eventually("both handled", || async {
+        db.state_of(ok.job_id).await == JobState::Succeeded
+            && db.job(stolen.job_id).await.holder.as_deref() == Some("thief")
+    })
+    .await;
+    let report = stop(w).await;
+    assert_eq!((report.succeeded, report.lost_leases), (1, 1), "{report:?}");
+    let done: Vec<uuid::Uuid> = sqlx::query_scalar("SELECT job_id FROM refunds_done")
+        .fetch_all(db.ledger.pool())
+        .await
+        .unwrap();
+    assert_eq!(
+        done,
+        vec![ok.job_id],
+        "the refused completion took its business write with it"
+    );
+}
