@@ -177,10 +177,8 @@ fn noop_worker(ledger: &Ledger, queue: &str, concurrency: usize, prefetch: Optio
         .build()?)
 }
 
-/// W3: drain pre-enqueued no-op jobs with 16-way concurrency in one process.
-async fn w3(ledger: &Ledger, queue: &str, n: usize, prefetch: Option<usize>) -> Result<()> {
-    enqueue_batched(ledger, queue, n).await?;
-    let worker = noop_worker(ledger, queue, 16, prefetch)?;
+/// Runs `worker` until it has completed `n` jobs; returns how long it took.
+async fn drain(worker: Worker, n: usize) -> Result<Duration> {
     let stop = CancellationToken::new();
     let started = Instant::now();
     let run = tokio::spawn({
@@ -193,6 +191,13 @@ async fn w3(ledger: &Ledger, queue: &str, n: usize, prefetch: Option<usize>) -> 
     let elapsed = started.elapsed();
     stop.cancel();
     run.await??;
+    Ok(elapsed)
+}
+
+/// W3: drain pre-enqueued no-op jobs with 16-way concurrency in one process.
+async fn w3(ledger: &Ledger, queue: &str, n: usize, prefetch: Option<usize>) -> Result<()> {
+    enqueue_batched(ledger, queue, n).await?;
+    let elapsed = drain(noop_worker(ledger, queue, 16, prefetch)?, n).await?;
     let events: i64 = ledger.count_events_total().await?;
     let label = if queue == "w3" {
         "W3 drain no-op jobs, 16-way"
@@ -260,17 +265,7 @@ async fn history(ledger: &Ledger, events: usize) -> Result<()> {
     let jobs = events.saturating_sub(have) / 3;
     let started = Instant::now();
     enqueue_batched(ledger, "history", jobs).await?;
-    let worker = noop_worker(ledger, "history", 16, Some(48))?;
-    let stop = CancellationToken::new();
-    let run = tokio::spawn({
-        let (w, s) = (worker.clone(), stop.clone());
-        async move { w.run(s).await }
-    });
-    while (worker.counters().report().succeeded as usize) < jobs {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    stop.cancel();
-    run.await??;
+    drain(noop_worker(ledger, "history", 16, Some(48))?, jobs).await?;
     eprintln!(
         "bench: history of {} events built in {:.0}s",
         ledger.count_events_total().await?,

@@ -179,19 +179,21 @@ impl Ledger {
         data: Value,
         actor: &str,
     ) -> LedgerResult<WriteResult> {
+        let cmd = self.observation(fence, key, data)?;
+        self.transition(job_id, actor, cmd).await
+    }
+
+    /// A checked observation command (its dedup digest is looked up under
+    /// the job's lock by the engine).
+    fn observation(&self, fence: Option<Fence>, key: &str, data: Value) -> LedgerResult<Command> {
         self.limits.name("observation key", key)?;
         self.limits.json("observation", &data)?;
-        self.transition(
-            job_id,
-            actor,
-            Command::Observe {
-                fence,
-                key: key.into(),
-                data,
-                existing: None,
-            },
-        )
-        .await
+        Ok(Command::Observe {
+            fence,
+            key: key.into(),
+            data,
+            existing: None,
+        })
     }
 
     /// `observe` inside the caller's transaction (evidence recorded together
@@ -205,20 +207,8 @@ impl Ledger {
         data: Value,
         actor: &str,
     ) -> LedgerResult<WriteResult> {
-        self.limits.name("observation key", key)?;
-        self.limits.json("observation", &data)?;
-        transition_in(
-            conn,
-            job_id,
-            actor,
-            Command::Observe {
-                fence,
-                key: key.into(),
-                data,
-                existing: None,
-            },
-        )
-        .await
+        let cmd = self.observation(fence, key, data)?;
+        transition_in(conn, job_id, actor, cmd).await
     }
 
     /// One pass of the sweeper: lease-expiry policies other than reconcile,
