@@ -30,6 +30,18 @@ impl From<sqlx::Error> for LedgerError {
 }
 
 impl LedgerError {
+    /// The role lacks a privilege (SQLSTATE 42501).
+    pub fn is_permission_denied(&self) -> bool {
+        let db = match self {
+            LedgerError::Store(StoreError::Db(e)) => e.as_database_error(),
+            LedgerError::Store(StoreError::Migrate(sqlx::migrate::MigrateError::Execute(e))) => {
+                e.as_database_error()
+            }
+            _ => None,
+        };
+        db.and_then(|d| d.code()).is_some_and(|c| c == "42501")
+    }
+
     pub fn is_retryable(&self) -> bool {
         matches!(self, LedgerError::Store(e) if e.is_retryable())
     }

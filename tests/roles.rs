@@ -1,0 +1,90 @@
+//! Least privilege: a worker connected as `jobledger_worker` does its work
+//! but cannot rewrite history, even with hand-written SQL; a reader reads.
+
+mod common;
+
+use common::fresh;
+use jobledger::ledger::Ledger;
+use serde_json::json;
+use sqlx::Connection;
+use std::time::Duration;
+
+fn as_role(url: &str, role: &str) -> String {
+    url.replacen("postgres://postgres@", &format!("postgres://{role}@"), 1)
+}
+
+#[tokio::test]
+async fn a_worker_role_cannot_rewrite_history() {
+    let db = fresh().await;
+    let worker = Ledger::connect(&as_role(&db.url, "jobledger_worker"), 4)
+        .await
+        .unwrap();
+    let job = worker
+        .enqueue(common::new_job("q", Some("k"), json!({})))
+        .await
+        .unwrap()
+        .job;
+    let lease = worker
+        .claim("q", "w", Duration::from_secs(30), 1)
+        .await
+        .unwrap()
+        .pop()
+        .unwrap();
+    assert!(lease
+        .complete(Some(json!({"ok": true})))
+        .await
+        .unwrap()
+        .committed());
+    assert!(worker.sweep(10).await.unwrap().is_empty());
+
+    let mut conn = sqlx::PgConnection::connect(&as_role(&db.url, "jobledger_worker"))
+        .await
+        .unwrap();
+    for sql in [
+        "UPDATE jobledger.events SET actor = 'mallory'",
+        "DELETE FROM jobledger.events",
+        "TRUNCATE jobledger.events",
+        "ALTER TABLE jobledger.events DISABLE TRIGGER events_no_update",
+        "SET session_replication_role = replica",
+        "DELETE FROM jobledger.jobs",
+        "DROP TABLE jobledger.events",
+    ] {
+        let err = sqlx::query(sql).execute(&mut conn).await.unwrap_err();
+        assert!(
+            err.to_string().contains("permission denied") || err.to_string().contains("must be owner"),
+            "{sql}: {err}"
+        );
+    }
+    // Purging is the admin's, not the worker's.
+    assert!(worker.purge(Duration::ZERO, 10).await.is_err());
+    assert_eq!(db.count("SELECT count(*) FROM jobledger.events").await, 3);
+    assert!(db.ledger.verify(Some(job.job_id)).await.unwrap().ok());
+
+    let reader = Ledger::connect(&as_role(&db.url, "jobledger_reader"), 2)
+        .await
+        .unwrap();
+    assert!(reader.verify(None).await.unwrap().ok());
+    assert!(
+        reader
+            .enqueue(common::new_job("q", None, json!({})))
+            .await
+            .is_err(),
+        "a reader cannot write"
+    );
+    // The CLI runs as a least-privilege role too (it does not migrate then).
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_jobledger"))
+        .args(["show", &job.job_id.to_string()])
+        .env("DATABASE_URL", as_role(&db.url, "jobledger_reader"))
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let admin = Ledger::connect(&as_role(&db.url, "jobledger_admin"), 2)
+        .await
+        .unwrap();
+    assert_eq!(admin.purge(Duration::ZERO, 10).await.unwrap(), 1);
+}
