@@ -23,10 +23,14 @@ async fn connect(cli: &Cli) -> Result<Ledger> {
         .await
         .with_context(|| format!("cannot reach the database at {}", redact(&cli.database_url)))?;
     // Applying migrations at start-up is idempotent and cheap once applied.
-    ledger
-        .migrate()
-        .await
-        .context("applying migrations (run `jobledger migrate` first?)")?;
+    // A least-privilege role (jobledger_worker, _reader) may not create the
+    // migrations table: then the schema is the owner's business, not ours.
+    if let Err(e) = ledger.migrate().await {
+        if !e.is_permission_denied() {
+            return Err(anyhow::Error::new(e).context("applying migrations (run `jobledger migrate` first?)"));
+        }
+        tracing::debug!("not applying migrations as this role: {e}");
+    }
     Ok(ledger.with_limits(limits))
 }
 

@@ -30,16 +30,21 @@ impl From<sqlx::Error> for LedgerError {
 }
 
 impl LedgerError {
-    /// The role lacks a privilege (SQLSTATE 42501).
+    /// The role lacks a privilege (SQLSTATE 42501), anywhere in the cause chain.
     pub fn is_permission_denied(&self) -> bool {
-        let db = match self {
-            LedgerError::Store(StoreError::Db(e)) => e.as_database_error(),
-            LedgerError::Store(StoreError::Migrate(sqlx::migrate::MigrateError::Execute(e))) => {
-                e.as_database_error()
+        let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(self);
+        while let Some(e) = cause {
+            if let Some(db) = e
+                .downcast_ref::<sqlx::Error>()
+                .and_then(|e| e.as_database_error())
+            {
+                if db.code().is_some_and(|c| c == "42501") {
+                    return true;
+                }
             }
-            _ => None,
-        };
-        db.and_then(|d| d.code()).is_some_and(|c| c == "42501")
+            cause = e.source();
+        }
+        false
     }
 
     pub fn is_retryable(&self) -> bool {
