@@ -96,3 +96,51 @@ pub fn json_arg(flag: &str, raw: &str, limit: usize) -> Result<Value, String> {
     };
     serde_json::from_str(&text).map_err(|e| format!("{flag}: malformed JSON: {e}"))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Durations: whatever the text, an answer and never a panic; what
+        /// humantime prints parses back to the same value.
+        #[test]
+        fn duration_never_panics(s in "\\PC{0,24}") {
+            let _ = duration(&s);
+            let _ = lease(&s);
+        }
+
+        #[test]
+        fn duration_round_trips(ms in 0u64..(365 * 24 * 3600 * 1000)) {
+            let d = Duration::from_millis(ms);
+            prop_assert_eq!(duration(&humantime::format_duration(d).to_string()), Ok(d));
+        }
+
+        /// JSON arguments: malformed input is a clear error, valid input parses.
+        #[test]
+        fn json_arg_never_panics(s in "\\PC{0,64}") {
+            match json_arg("--payload", &s, 1024) {
+                Ok(v) => prop_assert_eq!(Some(v), serde_json::from_str::<Value>(&s).ok()),
+                Err(e) => prop_assert!(e.starts_with("--payload")),
+            }
+        }
+    }
+
+    #[test]
+    fn absurd_and_negative_durations_are_refused() {
+        assert!(duration("-5s").unwrap_err().contains("negative"));
+        assert!(duration("400days").unwrap_err().contains("longer than a year"));
+        assert!(lease("0s").unwrap_err().contains("shorter than 1ms"));
+        assert_eq!(duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(duration("5m"), Ok(Duration::from_secs(300)));
+    }
+
+    #[test]
+    fn deeply_nested_json_is_an_error_not_a_stack_overflow() {
+        let deep = format!("{}{}", "[".repeat(100_000), "]".repeat(100_000));
+        assert!(json_arg("--payload", &deep, usize::MAX)
+            .unwrap_err()
+            .contains("malformed JSON"));
+    }
+}
