@@ -7,6 +7,7 @@ pub mod command;
 pub mod decide;
 pub mod digest;
 pub mod event;
+pub mod fence;
 pub mod model;
 pub mod reason;
 
