@@ -72,7 +72,11 @@ async fn frozen_worker_is_taken_over_and_its_late_write_is_stale() {
         })
     };
     let p = provider.clone();
+    // One slot and no prefetch: while frozen, A cannot claim (or take over)
+    // anything itself, just like a stalled process.
     let a = base(&db, "a")
+        .concurrency(1)
+        .prefetch(0)
         .heartbeat_every(Duration::from_millis(100))
         .lease(Duration::from_secs(1))
         .hooks(Hooks {
@@ -403,7 +407,11 @@ async fn business_writes_commit_with_the_completion_or_not_at_all() {
     let ok = db.enqueue(Some("ok"), json!({"steal": false})).await;
     let stolen = db.enqueue(Some("stolen"), json!({"steal": true})).await;
     let ledger = db.ledger.clone();
+    // One slot, no prefetch: the worker itself cannot take the job back
+    // between the handler's "expire" and the thief's takeover.
     let w = base(&db, "w")
+        .concurrency(1)
+        .prefetch(0)
         .handler("refund", move |ctx: JobContext| {
             let ledger = ledger.clone();
             async move {
