@@ -224,6 +224,17 @@ pub enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// Stream the log's events between two positions, in position order.
+    ReplayLog {
+        #[arg(long, default_value_t = 1)]
+        from: i64,
+        #[arg(long, default_value_t = i64::MAX)]
+        to: i64,
+        #[arg(long)]
+        job: Option<Uuid>,
+        #[arg(long)]
+        json: bool,
+    },
     /// Recompute hashes and replay the log against the projection; with
     /// --audit-log, also check a consumer's audit copy against the chain.
     Verify {

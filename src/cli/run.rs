@@ -332,6 +332,22 @@ pub async fn run(cli: Cli) -> Result<i32> {
             line(&serde_json::to_value(report)?);
             Ok(output::OK)
         }
+        Cmd::ReplayLog { from, to, job, json } => {
+            let mut after = from - 1;
+            loop {
+                let page = ledger.log_page(*from, *to, *job, after, 1000).await?;
+                let Some(last) = page.last() else { break };
+                after = last.position;
+                for h in &page {
+                    if *json {
+                        line(&serde_json::to_value(h)?);
+                    } else {
+                        println!("{} {}", h.event.job_id, super::timeline::event_line(h));
+                    }
+                }
+            }
+            Ok(output::OK)
+        }
         Cmd::Stats => {
             for (state, n) in ledger.counts_by_state().await? {
                 line(&json!({ "state": state, "jobs": n }));

@@ -32,7 +32,7 @@ async fn items(ledger: &Ledger, job: Uuid) -> Result<Vec<Item>> {
     Ok(items)
 }
 
-fn event_line(h: &HistoryEntry) -> String {
+pub fn event_line(h: &HistoryEntry) -> String {
     let e = &h.event;
     let from = e.from_state.map_or("-".to_string(), |s| s.to_string());
     let class = e.error_class.map(|c| format!(" [{c}]")).unwrap_or_default();

@@ -159,6 +159,8 @@ pub struct Event {
     pub error_class: Option<ErrorClass>,
     pub actor: String,
     pub recorded_at: DateTime<Utc>,
+    /// `type` and `data`, at the top level when serialised.
+    #[serde(flatten)]
     pub body: EventBody,
     pub prev_hash: Option<String>,
     pub hash: String,

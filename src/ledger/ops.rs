@@ -320,4 +320,25 @@ impl Ledger {
     pub async fn states_in(&self, queue: &str) -> LedgerResult<Vec<(Uuid, String, i64)>> {
         Ok(jobs::states_in_queue(&self.pool, queue).await?)
     }
+
+    /// A page of the log between two positions (auditors' replay), in
+    /// position order, after `after`.
+    pub async fn log_page(
+        &self,
+        from: i64,
+        to: i64,
+        job: Option<Uuid>,
+        after: i64,
+        limit: i64,
+    ) -> LedgerResult<Vec<HistoryEntry>> {
+        let rows = events::events_between(&self.pool, from, to, job, after, limit).await?;
+        rows.iter()
+            .map(|r| {
+                Ok(HistoryEntry {
+                    position: r.position,
+                    event: r.to_event()?,
+                })
+            })
+            .collect()
+    }
 }

@@ -111,3 +111,28 @@ pub async fn all_hashes<'e>(exec: impl PgExecutor<'e>) -> StoreResult<Vec<(Uuid,
             .await?,
     )
 }
+
+/// Events with `from <= position <= to` (of one job, if given), in position
+/// order, after position `after`: a page of `replay-log`.
+pub async fn events_between<'e>(
+    exec: impl PgExecutor<'e>,
+    from: i64,
+    to: i64,
+    job: Option<Uuid>,
+    after: i64,
+    limit: i64,
+) -> StoreResult<Vec<EventRow>> {
+    let sql = format!(
+        "SELECT position, {EVENT_COLUMNS} FROM jobledger.events \
+         WHERE position BETWEEN $1 AND $2 AND position > $4 AND ($3::uuid IS NULL OR job_id = $3) \
+         ORDER BY position LIMIT $5"
+    );
+    Ok(sqlx::query_as(&sql)
+        .bind(from)
+        .bind(to)
+        .bind(job)
+        .bind(after)
+        .bind(limit)
+        .fetch_all(exec)
+        .await?)
+}
