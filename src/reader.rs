@@ -229,3 +229,58 @@ impl ReaderLease {
         .await?)
     }
 }
+
+/// The projections crate reads the log through this reader (one reader for
+/// the relay and the projections).
+impl jobledger_projections::LogSource for LogReader {
+    fn read(
+        &self,
+        after: jobledger_projections::Checkpoint,
+        limit: i64,
+    ) -> jobledger_projections::BoxFuture<
+        '_,
+        Result<
+            (
+                Vec<jobledger_projections::Event>,
+                jobledger_projections::Checkpoint,
+            ),
+            jobledger_projections::ProjectionError,
+        >,
+    > {
+        Box::pin(async move {
+            let from = Checkpoint {
+                txid: after.txid,
+                position: after.position,
+            };
+            let batch = LogReader::read(self, from, limit)
+                .await
+                .map_err(|e| jobledger_projections::ProjectionError::Log(e.to_string()))?;
+            let events = batch
+                .events
+                .into_iter()
+                .map(|e| jobledger_projections::Event {
+                    position: e.position,
+                    job_id: e.row.job_id,
+                    version: e.row.version,
+                    kind: e.row.kind,
+                    from_state: e.row.from_state,
+                    to_state: e.row.to_state,
+                    reason: e.row.reason,
+                    actor: e.row.actor,
+                    epoch: e.row.epoch,
+                    token: e.row.token,
+                    attempt: e.row.attempt,
+                    data: e.row.data,
+                    recorded_at: e.row.recorded_at,
+                })
+                .collect();
+            Ok((
+                events,
+                jobledger_projections::Checkpoint {
+                    txid: batch.next.txid,
+                    position: batch.next.position,
+                },
+            ))
+        })
+    }
+}

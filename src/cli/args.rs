@@ -224,6 +224,11 @@ pub enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// Async read models: `list` them, or `run` them until caught up.
+    Projections {
+        #[arg(value_parser = ["list", "run"])]
+        action: String,
+    },
     /// Stream the log's events between two positions, in position order.
     ReplayLog {
         #[arg(long, default_value_t = 1)]

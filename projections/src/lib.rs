@@ -1,0 +1,91 @@
+//! Catch-up read models over the jobledger event log.
+//!
+//! A `Projection` applies batches of events to its table inside a
+//! transaction; the runner stores the projection's checkpoint in that same
+//! transaction, so a crash never applies an event twice or skips one. Each
+//! projection has a version: a newer version is built into `<name>_v<N>`
+//! from the start of the log while the view `<name>` keeps serving the old
+//! table, then the view is switched in one transaction and the old table
+//! dropped. The log itself is read through `LogSource` (jobledger's one log
+//! reader), so this crate does not depend on the ledger.
+#![forbid(unsafe_code)]
+
+pub mod registry;
+pub mod runner;
+pub mod shipped;
+
+use chrono::{DateTime, Utc};
+use serde_json::Value;
+use sqlx::PgConnection;
+use std::future::Future;
+use std::pin::Pin;
+use uuid::Uuid;
+
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// Everything at or before `(txid, position)` in the reader's order is applied.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Checkpoint {
+    pub txid: i64,
+    pub position: i64,
+}
+
+/// One event of the log, as projections see it.
+#[derive(Clone, Debug)]
+pub struct Event {
+    pub position: i64,
+    pub job_id: Uuid,
+    pub version: i64,
+    pub kind: String,
+    pub from_state: Option<String>,
+    pub to_state: String,
+    pub reason: String,
+    pub actor: String,
+    pub epoch: i64,
+    pub token: i64,
+    pub attempt: i32,
+    pub data: Value,
+    pub recorded_at: DateTime<Utc>,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ProjectionError {
+    #[error("database: {0}")]
+    Db(#[from] sqlx::Error),
+    #[error("log: {0}")]
+    Log(String),
+    #[error("unknown projection {0}")]
+    Unknown(String),
+}
+
+/// The log, read in batches after a checkpoint: every event, each job's
+/// versions in order (duplicates possible: projections must be idempotent
+/// per (job, version)).
+pub trait LogSource: Send + Sync {
+    fn read(
+        &self,
+        after: Checkpoint,
+        limit: i64,
+    ) -> BoxFuture<'_, Result<(Vec<Event>, Checkpoint), ProjectionError>>;
+}
+
+/// A read model. Table names are chosen by the runner (`<name>_v<version>`).
+pub trait Projection: Send + Sync {
+    fn name(&self) -> &str;
+    /// Bump it when the table's shape or meaning changes: a rebuild follows.
+    fn version(&self) -> i32;
+    /// Creates the (empty) table `table`, plus anything it needs.
+    fn create<'a>(
+        &'a self,
+        tx: &'a mut PgConnection,
+        table: &'a str,
+    ) -> BoxFuture<'a, Result<(), sqlx::Error>>;
+    /// Applies a batch (set-based, idempotent per (job, version)).
+    fn apply<'a>(
+        &'a self,
+        tx: &'a mut PgConnection,
+        table: &'a str,
+        events: &'a [Event],
+    ) -> BoxFuture<'a, Result<(), sqlx::Error>>;
+}

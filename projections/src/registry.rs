@@ -1,0 +1,180 @@
+//! `jobledger_proj.registry`: each projection's serving version and table,
+//! its checkpoint, and the version being rebuilt with its own checkpoint.
+//! One named function per query.
+
+use sqlx::{PgConnection, PgPool};
+
+use crate::Checkpoint;
+
+const SCHEMA: &str = "
+CREATE SCHEMA IF NOT EXISTS jobledger_proj;
+CREATE TABLE IF NOT EXISTS jobledger_proj.registry (
+    name              text PRIMARY KEY,
+    version           integer NOT NULL,
+    active_table      text NOT NULL,
+    txid              bigint NOT NULL DEFAULT 0,
+    position          bigint NOT NULL DEFAULT 0,
+    building_version  integer,
+    building_table    text,
+    b_txid            bigint NOT NULL DEFAULT 0,
+    b_position        bigint NOT NULL DEFAULT 0,
+    updated_at        timestamptz NOT NULL DEFAULT now()
+);";
+
+const INSTALL_LOCK: i64 = 0x6a6f_626c_6564_0201;
+
+pub async fn install(pool: &PgPool) -> Result<(), sqlx::Error> {
+    let mut conn = pool.acquire().await?;
+    sqlx::query("SELECT pg_advisory_lock($1)")
+        .bind(INSTALL_LOCK)
+        .execute(&mut *conn)
+        .await?;
+    let r = sqlx::raw_sql(SCHEMA).execute(&mut *conn).await;
+    sqlx::query("SELECT pg_advisory_unlock($1)")
+        .bind(INSTALL_LOCK)
+        .execute(&mut *conn)
+        .await?;
+    r.map(|_| ())
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, sqlx::FromRow)]
+pub struct Entry {
+    pub name: String,
+    pub version: i32,
+    pub active_table: String,
+    pub txid: i64,
+    pub position: i64,
+    pub building_version: Option<i32>,
+    pub building_table: Option<String>,
+    pub b_txid: i64,
+    pub b_position: i64,
+}
+
+impl Entry {
+    pub fn checkpoint(&self) -> Checkpoint {
+        Checkpoint {
+            txid: self.txid,
+            position: self.position,
+        }
+    }
+    pub fn building_checkpoint(&self) -> Checkpoint {
+        Checkpoint {
+            txid: self.b_txid,
+            position: self.b_position,
+        }
+    }
+}
+
+const COLUMNS: &str =
+    "name, version, active_table, txid, position, building_version, building_table, b_txid, b_position";
+
+pub async fn entries(pool: &PgPool) -> Result<Vec<Entry>, sqlx::Error> {
+    sqlx::query_as(&format!(
+        "SELECT {COLUMNS} FROM jobledger_proj.registry ORDER BY name"
+    ))
+    .fetch_all(pool)
+    .await
+}
+
+/// The entry, locked: one runner at a time moves a projection.
+pub async fn lock(conn: &mut PgConnection, name: &str) -> Result<Option<Entry>, sqlx::Error> {
+    sqlx::query_as(&format!(
+        "SELECT {COLUMNS} FROM jobledger_proj.registry WHERE name = $1 FOR UPDATE"
+    ))
+    .bind(name)
+    .fetch_optional(conn)
+    .await
+}
+
+pub async fn register(
+    conn: &mut PgConnection,
+    name: &str,
+    version: i32,
+    table: &str,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "INSERT INTO jobledger_proj.registry (name, version, active_table) VALUES ($1, $2, $3) \
+         ON CONFLICT (name) DO NOTHING",
+    )
+    .bind(name)
+    .bind(version)
+    .bind(table)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+pub async fn set_checkpoint(
+    conn: &mut PgConnection,
+    name: &str,
+    building: bool,
+    cp: Checkpoint,
+) -> Result<(), sqlx::Error> {
+    let sql = if building {
+        "UPDATE jobledger_proj.registry SET b_txid = $2, b_position = $3, updated_at = now() WHERE name = $1"
+    } else {
+        "UPDATE jobledger_proj.registry SET txid = $2, position = $3, updated_at = now() WHERE name = $1"
+    };
+    sqlx::query(sql)
+        .bind(name)
+        .bind(cp.txid)
+        .bind(cp.position)
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
+pub async fn start_build(
+    conn: &mut PgConnection,
+    name: &str,
+    version: i32,
+    table: &str,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "UPDATE jobledger_proj.registry SET building_version = $2, building_table = $3, b_txid = 0, b_position = 0, \
+         updated_at = now() WHERE name = $1",
+    )
+    .bind(name)
+    .bind(version)
+    .bind(table)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// The rebuilt version becomes the serving one.
+pub async fn promote(conn: &mut PgConnection, name: &str) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "UPDATE jobledger_proj.registry SET version = building_version, active_table = building_table, \
+         txid = b_txid, position = b_position, building_version = NULL, building_table = NULL, \
+         b_txid = 0, b_position = 0, updated_at = now() WHERE name = $1 AND building_table IS NOT NULL",
+    )
+    .bind(name)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// Points the view `jobledger_proj.<name>` at `table` (in the caller's
+/// transaction: readers see the old table or the new one, never neither).
+pub async fn point_view(conn: &mut PgConnection, name: &str, table: &str) -> Result<(), sqlx::Error> {
+    let q = |s: &str| format!("\"{}\"", s.replace('"', "\"\""));
+    sqlx::raw_sql(&format!(
+        "DROP VIEW IF EXISTS jobledger_proj.{v}; CREATE VIEW jobledger_proj.{v} AS SELECT * FROM jobledger_proj.{t};",
+        v = q(name),
+        t = q(table)
+    ))
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+pub async fn drop_table(conn: &mut PgConnection, table: &str) -> Result<(), sqlx::Error> {
+    sqlx::raw_sql(&format!(
+        "DROP TABLE IF EXISTS jobledger_proj.\"{}\" CASCADE",
+        table.replace('"', "\"\"")
+    ))
+    .execute(conn)
+    .await?;
+    Ok(())
+}

@@ -1,0 +1,174 @@
+//! The catch-up runner: one batch at a time, the projection's writes and its
+//! checkpoint in one transaction; versioned rebuilds with an atomic switch.
+
+use sqlx::PgPool;
+
+use crate::registry::{self, Entry};
+use crate::{Checkpoint, LogSource, Projection, ProjectionError};
+
+/// What one step did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Step {
+    pub applied: usize,
+    pub rebuilt: usize,
+    pub switched_to: Option<i32>,
+}
+
+pub struct Runner<'a> {
+    pool: PgPool,
+    log: &'a dyn LogSource,
+    batch: i64,
+}
+
+pub fn table_name(name: &str, version: i32) -> String {
+    format!("{name}_v{version}")
+}
+
+impl<'a> Runner<'a> {
+    pub async fn new(pool: PgPool, log: &'a dyn LogSource, batch: i64) -> Result<Self, ProjectionError> {
+        registry::install(&pool).await?;
+        Ok(Runner { pool, log, batch })
+    }
+
+    /// Registers the projection if new, starts a rebuild if its code is
+    /// newer than what serves, and advances both tables by one batch.
+    /// `versions` are all loaded versions of one projection name: the one
+    /// matching the serving version keeps the old table current while the
+    /// newest is rebuilt.
+    pub async fn step(&self, versions: &[&dyn Projection]) -> Result<Step, ProjectionError> {
+        let newest = *versions
+            .iter()
+            .max_by_key(|p| p.version())
+            .ok_or_else(|| ProjectionError::Unknown("none".into()))?;
+        let name = newest.name().to_string();
+        let entry = self.ensure(newest).await?;
+        let entry = if entry.version < newest.version() && entry.building_version.is_none() {
+            let mut tx = self.pool.begin().await?;
+            let table = table_name(&name, newest.version());
+            registry::drop_table(&mut tx, &table).await?; // a rebuild that never finished restarts cleanly
+            newest
+                .create(&mut tx, &format!("jobledger_proj.\"{table}\""))
+                .await?;
+            registry::start_build(&mut tx, &name, newest.version(), &table).await?;
+            tx.commit().await?;
+            self.entry(&name).await?
+        } else {
+            entry
+        };
+        let mut step = Step::default();
+        if let Some(serving) = versions.iter().find(|p| p.version() == entry.version) {
+            step.applied = self.advance(*serving, &name, false).await?;
+        }
+        if entry.building_table.is_some() {
+            step.rebuilt = self.advance(newest, &name, true).await?;
+            if step.rebuilt == 0 {
+                step.switched_to = self.switch(&name).await?;
+            }
+        }
+        Ok(step)
+    }
+
+    async fn entry(&self, name: &str) -> Result<Entry, ProjectionError> {
+        let mut conn = self.pool.acquire().await?;
+        registry::lock(&mut conn, name)
+            .await?
+            .ok_or_else(|| ProjectionError::Unknown(name.into()))
+    }
+
+    async fn ensure(&self, p: &dyn Projection) -> Result<Entry, ProjectionError> {
+        let mut tx = self.pool.begin().await?;
+        if let Some(e) = registry::lock(&mut tx, p.name()).await? {
+            return Ok(e);
+        }
+        let table = table_name(p.name(), p.version());
+        p.create(&mut tx, &format!("jobledger_proj.\"{table}\"")).await?;
+        registry::register(&mut tx, p.name(), p.version(), &table).await?;
+        registry::point_view(&mut tx, p.name(), &table).await?;
+        tx.commit().await?;
+        self.entry(p.name()).await
+    }
+
+    /// One batch into the serving table or the one being rebuilt. The read
+    /// happens before the transaction (a transaction holding an xid would
+    /// hold back the reader's own horizon); the transaction then locks the
+    /// registry row and applies only if nobody moved the checkpoint meanwhile.
+    async fn advance(
+        &self,
+        p: &dyn Projection,
+        name: &str,
+        building: bool,
+    ) -> Result<usize, ProjectionError> {
+        let before = self.entry(name).await?;
+        let (from, table) = if building {
+            (
+                before.building_checkpoint(),
+                before.building_table.clone().unwrap_or_default(),
+            )
+        } else {
+            (before.checkpoint(), before.active_table.clone())
+        };
+        let (events, next) = self.log.read(from, self.batch).await?;
+        if events.is_empty() {
+            return Ok(0);
+        }
+        let mut tx = self.pool.begin().await?;
+        let now = registry::lock(&mut tx, name)
+            .await?
+            .ok_or_else(|| ProjectionError::Unknown(name.into()))?;
+        let current: Checkpoint = if building {
+            now.building_checkpoint()
+        } else {
+            now.checkpoint()
+        };
+        if current != from {
+            return Ok(0); // another runner moved it; our batch would apply twice
+        }
+        p.apply(&mut tx, &format!("jobledger_proj.\"{table}\""), &events)
+            .await?;
+        registry::set_checkpoint(&mut tx, name, building, next).await?;
+        tx.commit().await?;
+        Ok(events.len())
+    }
+
+    /// The rebuilt table caught up with the live tail: the view moves to it
+    /// and the old table goes, in one transaction.
+    async fn switch(&self, name: &str) -> Result<Option<i32>, ProjectionError> {
+        let mut tx = self.pool.begin().await?;
+        let Some(e) = registry::lock(&mut tx, name).await? else {
+            return Ok(None);
+        };
+        let Some(new_table) = e.building_table.clone() else {
+            return Ok(None);
+        };
+        registry::point_view(&mut tx, name, &new_table).await?;
+        registry::promote(&mut tx, name).await?;
+        registry::drop_table(&mut tx, &e.active_table).await?;
+        tx.commit().await?;
+        Ok(e.building_version)
+    }
+
+    /// Runs steps until the serving table (and any rebuild) has caught up.
+    pub async fn catch_up(&self, versions: &[&dyn Projection]) -> Result<Step, ProjectionError> {
+        let mut total = Step::default();
+        loop {
+            let s = self.step(versions).await?;
+            total.applied += s.applied;
+            total.rebuilt += s.rebuilt;
+            total.switched_to = total.switched_to.or(s.switched_to);
+            if s.applied == 0 && s.rebuilt == 0 && s.switched_to.is_none() {
+                return Ok(total);
+            }
+        }
+    }
+}
+
+/// Whether `name`'s serving table has applied the event at `position`
+/// (`txid` of that event from the log): read-your-writes.
+pub async fn reached(pool: &PgPool, name: &str, txid: i64, position: i64) -> Result<bool, ProjectionError> {
+    let entries = registry::entries(pool).await?;
+    let e = entries
+        .iter()
+        .find(|e| e.name == name)
+        .ok_or_else(|| ProjectionError::Unknown(name.into()))?;
+    Ok(e.checkpoint() >= Checkpoint { txid, position })
+}
