@@ -154,22 +154,6 @@ pub async fn purgeable_job_ids<'e>(
     .await?)
 }
 
-/// Job ids in id order after `after`, for paging through every job.
-pub async fn job_ids_after<'e>(
-    exec: impl PgExecutor<'e>,
-    after: Option<Uuid>,
-    limit: i64,
-) -> StoreResult<Vec<JobRow>> {
-    let sql = format!(
-        "SELECT {JOB_COLUMNS} FROM jobledger.jobs WHERE $1::uuid IS NULL OR job_id > $1 ORDER BY job_id LIMIT $2"
-    );
-    Ok(sqlx::query_as(&sql)
-        .bind(after)
-        .bind(limit)
-        .fetch_all(exec)
-        .await?)
-}
-
 pub async fn count_by_state<'e>(exec: impl PgExecutor<'e>) -> StoreResult<Vec<(String, i64)>> {
     Ok(
         sqlx::query_as("SELECT state, count(*) FROM jobledger.jobs GROUP BY state ORDER BY state")

@@ -45,12 +45,3 @@ pub async fn job_rejections<'e>(exec: impl PgExecutor<'e>, job_id: Uuid) -> Stor
     .fetch_all(exec)
     .await?)
 }
-
-pub async fn count_rejections<'e>(exec: impl PgExecutor<'e>, outcome: &str) -> StoreResult<i64> {
-    Ok(
-        sqlx::query_scalar("SELECT count(*) FROM jobledger.rejections WHERE outcome = $1")
-            .bind(outcome)
-            .fetch_one(exec)
-            .await?,
-    )
-}
