@@ -5,6 +5,7 @@ pub mod domain;
 pub mod fake_provider;
 pub mod ledger;
 pub mod reader;
+pub mod rebuilt;
 pub mod relay;
 pub mod store;
 pub mod worker;

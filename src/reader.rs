@@ -266,12 +266,16 @@ impl jobledger_projections::LogSource for LogReader {
                     from_state: e.row.from_state,
                     to_state: e.row.to_state,
                     reason: e.row.reason,
+                    error_class: e.row.error_class,
                     actor: e.row.actor,
                     epoch: e.row.epoch,
                     token: e.row.token,
                     attempt: e.row.attempt,
+                    run: e.row.run,
                     data: e.row.data,
                     recorded_at: e.row.recorded_at,
+                    prev_hash: e.row.prev_hash,
+                    hash: e.row.hash,
                 })
                 .collect();
             Ok((

@@ -40,12 +40,16 @@ pub struct Event {
     pub from_state: Option<String>,
     pub to_state: String,
     pub reason: String,
+    pub error_class: Option<String>,
     pub actor: String,
     pub epoch: i64,
     pub token: i64,
     pub attempt: i32,
+    pub run: i32,
     pub data: Value,
     pub recorded_at: DateTime<Utc>,
+    pub prev_hash: Option<String>,
+    pub hash: String,
 }
 
 #[derive(Debug, thiserror::Error)]

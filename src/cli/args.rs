@@ -247,6 +247,10 @@ pub enum Cmd {
         /// Database URL of an audit-log consumer to check.
         #[arg(long)]
         audit_log: Option<String>,
+        /// Also rebuild `jobs_rebuilt` from the log and compare it with the
+        /// inline projection.
+        #[arg(long)]
+        rebuilt: bool,
     },
     /// Publish every event of the log to Kafka (the outbox relay).
     Relay {

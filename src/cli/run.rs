@@ -273,9 +273,31 @@ pub async fn run(cli: Cli) -> Result<i32> {
             group,
             consumer_database_url,
         } => super::consume::run(which, brokers, topic, group.as_deref(), consumer_database_url).await,
-        Cmd::Verify { job, audit_log } => {
+        Cmd::Verify {
+            job,
+            audit_log,
+            rebuilt,
+        } => {
             if let Some(url) = audit_log {
                 return super::consume::verify_audit_log(&ledger, url).await;
+            }
+            if *rebuilt {
+                let reader = jobledger::reader::LogReader::open(ledger.pool().clone(), "projections").await?;
+                let runner =
+                    jobledger_projections::runner::Runner::new(ledger.pool().clone(), &reader, 5000).await?;
+                runner.catch_up(&[&jobledger::rebuilt::JobsRebuilt]).await?;
+                let problems = ledger.compare_rebuilt().await?;
+                for p in &problems {
+                    line(&json!({ "problem": p }));
+                }
+                line(
+                    &json!({ "ok": problems.is_empty(), "compared": "jobs_rebuilt", "problems": problems.len() }),
+                );
+                return Ok(if problems.is_empty() {
+                    output::OK
+                } else {
+                    output::FAILURE
+                });
             }
             let report = ledger.verify(*job).await?;
             for p in &report.problems {
@@ -337,7 +359,7 @@ pub async fn run(cli: Cli) -> Result<i32> {
             if action == "run" {
                 let reader = jobledger::reader::LogReader::open(ledger.pool().clone(), "projections").await?;
                 let runner = Runner::new(ledger.pool().clone(), &reader, 5000).await?;
-                let shipped: [&dyn Projection; 1] = [&JobTimeline];
+                let shipped: [&dyn Projection; 2] = [&JobTimeline, &jobledger::rebuilt::JobsRebuilt];
                 for p in shipped {
                     let s = runner.catch_up(&[p]).await?;
                     line(

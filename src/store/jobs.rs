@@ -252,3 +252,18 @@ pub async fn states_in_queue<'e>(
             .await?,
     )
 }
+
+/// The rebuilt projection's live jobs (`jobledger_proj.jobs_rebuilt`).
+pub async fn rebuilt_jobs<'e>(exec: impl PgExecutor<'e>) -> StoreResult<Vec<(Uuid, serde_json::Value)>> {
+    Ok(
+        sqlx::query_as("SELECT job_id, job FROM jobledger_proj.jobs_rebuilt WHERE NOT purged")
+            .fetch_all(exec)
+            .await?,
+    )
+}
+
+pub async fn count_jobs<'e>(exec: impl PgExecutor<'e>) -> StoreResult<i64> {
+    Ok(sqlx::query_scalar("SELECT count(*) FROM jobledger.jobs")
+        .fetch_one(exec)
+        .await?)
+}
