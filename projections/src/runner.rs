@@ -172,3 +172,34 @@ pub async fn reached(pool: &PgPool, name: &str, txid: i64, position: i64) -> Res
         .ok_or_else(|| ProjectionError::Unknown(name.into()))?;
     Ok(e.checkpoint() >= Checkpoint { txid, position })
 }
+
+/// The answer to a minimum-position read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Freshness {
+    /// The projection has applied the event at the asked position.
+    Reached,
+    /// It has not within the timeout: the caller says `pending` rather than
+    /// silently showing an older generation.
+    Pending,
+}
+
+/// Waits up to `timeout` for `name` to reach the event at (`txid`,
+/// `position`).
+pub async fn wait_for(
+    pool: &PgPool,
+    name: &str,
+    txid: i64,
+    position: i64,
+    timeout: std::time::Duration,
+) -> Result<Freshness, ProjectionError> {
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        if reached(pool, name, txid, position).await? {
+            return Ok(Freshness::Reached);
+        }
+        if std::time::Instant::now() >= deadline {
+            return Ok(Freshness::Pending);
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
