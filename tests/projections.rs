@@ -173,6 +173,54 @@ async fn jobs_rebuilt_equals_the_inline_projection() {
         }
     }
     runner.catch_up(&[rebuilt]).await.unwrap();
+    // queue_stats agrees with the inline projection too (a takeover first).
+    db.enqueue(Some("taken"), json!({})).await;
+    let l = db
+        .ledger
+        .claim("q", "w", std::time::Duration::from_secs(30), 100)
+        .await
+        .unwrap();
+    for lease in &l {
+        db.expire_lease(lease.job_id()).await;
+    }
+    db.ledger
+        .claim("q", "w2", std::time::Duration::from_secs(30), 100)
+        .await
+        .unwrap();
+    runner.catch_up(&[rebuilt]).await.unwrap();
+    let stats: &dyn Projection = &jobledger_projections::shipped::QueueStats;
+    runner.catch_up(&[stats]).await.unwrap();
+    let expected: Vec<(i64, i64, i64, i64, i64, i64, i64)> = sqlx::query_as(
+        "SELECT count(*) FILTER (WHERE state = 'queued'), count(*) FILTER (WHERE state = 'leased'), \
+         count(*) FILTER (WHERE state = 'cancel_requested'), count(*) FILTER (WHERE state = 'awaiting_receipt'), \
+         count(*) FILTER (WHERE state = 'succeeded'), count(*) FILTER (WHERE state = 'cancelled'), \
+         count(*) FILTER (WHERE state = 'dead') FROM jobledger.jobs",
+    )
+    .fetch_all(db.ledger.pool())
+    .await
+    .unwrap();
+    let got: Vec<(i64, i64, i64, i64, i64, i64, i64)> = sqlx::query_as(
+        "SELECT queued, leased, cancel_requested, awaiting_receipt, succeeded, cancelled, dead FROM jobledger_proj.queue_stats",
+    )
+    .fetch_all(db.ledger.pool())
+    .await
+    .unwrap();
+    assert_eq!(got, expected);
+    let takeovers = db.count("SELECT takeovers FROM jobledger_proj.queue_stats").await;
+    assert_eq!(
+        takeovers,
+        db.count("SELECT count(*) FROM jobledger.events WHERE type = 'taken_over'")
+            .await
+    );
+    assert!(takeovers > 0);
+    let oldest_ok: bool = sqlx::query_scalar(
+        "SELECT oldest_pending_at IS NOT DISTINCT FROM (SELECT min(created_at) FROM jobledger.jobs \
+         WHERE state NOT IN ('succeeded', 'cancelled', 'dead')) FROM jobledger_proj.queue_stats",
+    )
+    .fetch_one(db.ledger.pool())
+    .await
+    .unwrap();
+    assert!(oldest_ok, "oldest pending age");
     let problems = db.ledger.compare_rebuilt().await.unwrap();
     assert!(problems.is_empty(), "{problems:?}");
     assert!(

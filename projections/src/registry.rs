@@ -169,12 +169,22 @@ pub async fn point_view(conn: &mut PgConnection, name: &str, table: &str) -> Res
     Ok(())
 }
 
+/// Drops a projection table and its side tables (`<table>__*`).
 pub async fn drop_table(conn: &mut PgConnection, table: &str) -> Result<(), sqlx::Error> {
-    sqlx::raw_sql(&format!(
-        "DROP TABLE IF EXISTS jobledger_proj.\"{}\" CASCADE",
-        table.replace('"', "\"\"")
-    ))
-    .execute(conn)
+    let tables: Vec<String> = sqlx::query_scalar(
+        "SELECT tablename::text FROM pg_tables WHERE schemaname = 'jobledger_proj' \
+         AND (tablename = $1 OR starts_with(tablename, $1 || '__'))",
+    )
+    .bind(table)
+    .fetch_all(&mut *conn)
     .await?;
+    for t in tables {
+        sqlx::raw_sql(&format!(
+            "DROP TABLE IF EXISTS jobledger_proj.\"{}\" CASCADE",
+            t.replace('"', "\"\"")
+        ))
+        .execute(&mut *conn)
+        .await?;
+    }
     Ok(())
 }

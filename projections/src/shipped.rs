@@ -59,3 +59,193 @@ impl Projection for JobTimeline {
         })
     }
 }
+
+/// Per queue: jobs in each state, takeovers, and when the oldest unfinished
+/// job was enqueued. Set-based per batch; a side table (`<table>__jobs`)
+/// keeps each job's queue, state and last applied version, so redelivered
+/// events change nothing.
+pub struct QueueStats;
+
+const STATES: [&str; 7] = [
+    "queued",
+    "leased",
+    "cancel_requested",
+    "awaiting_receipt",
+    "succeeded",
+    "cancelled",
+    "dead",
+];
+const OPEN: [&str; 4] = ["queued", "leased", "cancel_requested", "awaiting_receipt"];
+
+impl Projection for QueueStats {
+    fn name(&self) -> &str {
+        "queue_stats"
+    }
+    fn version(&self) -> i32 {
+        1
+    }
+    fn create<'a>(
+        &'a self,
+        tx: &'a mut PgConnection,
+        table: &'a str,
+    ) -> BoxFuture<'a, Result<(), sqlx::Error>> {
+        Box::pin(async move {
+            let states: Vec<String> = STATES
+                .iter()
+                .map(|s| format!("{s} bigint NOT NULL DEFAULT 0"))
+                .collect();
+            sqlx::query(&format!(
+                "CREATE TABLE {table} (queue text PRIMARY KEY, {}, takeovers bigint NOT NULL DEFAULT 0, \
+                 oldest_pending_at timestamptz)",
+                states.join(", ")
+            ))
+            .execute(&mut *tx)
+            .await?;
+            sqlx::query(&format!(
+                "CREATE TABLE {} (job_id uuid PRIMARY KEY, queue text NOT NULL, state text NOT NULL, \
+                 version bigint NOT NULL, created_at timestamptz NOT NULL)",
+                side(table)
+            ))
+            .execute(&mut *tx)
+            .await?;
+            Ok(())
+        })
+    }
+
+    fn apply<'a>(
+        &'a self,
+        tx: &'a mut PgConnection,
+        table: &'a str,
+        events: &'a [Event],
+    ) -> BoxFuture<'a, Result<(), sqlx::Error>> {
+        Box::pin(async move {
+            use std::collections::HashMap;
+            let ids: Vec<uuid::Uuid> = events.iter().map(|e| e.job_id).collect();
+            let known: Vec<(uuid::Uuid, String, String, i64, chrono::DateTime<chrono::Utc>)> =
+                sqlx::query_as(&format!(
+                    "SELECT job_id, queue, state, version, created_at FROM {} WHERE job_id = ANY($1)",
+                    side(table)
+                ))
+                .bind(&ids)
+                .fetch_all(&mut *tx)
+                .await?;
+            let mut jobs: HashMap<uuid::Uuid, (String, String, i64, chrono::DateTime<chrono::Utc>)> = known
+                .into_iter()
+                .map(|(id, q, s, v, c)| (id, (q, s, v, c)))
+                .collect();
+            let mut delta: HashMap<(String, &str), i64> = HashMap::new();
+            let mut takeovers: HashMap<String, i64> = HashMap::new();
+            for e in events {
+                let state = |s: &str| STATES.iter().copied().find(|x| *x == s);
+                match jobs.get_mut(&e.job_id) {
+                    Some((_, _, v, _)) if *v >= e.version => continue, // redelivered
+                    None if e.kind == "enqueued" => {
+                        let queue = e
+                            .data
+                            .get("queue")
+                            .and_then(|q| q.as_str())
+                            .unwrap_or_default()
+                            .to_string();
+                        if let Some(to) = state(&e.to_state) {
+                            *delta.entry((queue.clone(), to)).or_default() += 1;
+                        }
+                        jobs.insert(e.job_id, (queue, e.to_state.clone(), e.version, e.recorded_at));
+                    }
+                    None => continue, // cannot happen: the reader hands out predecessors first
+                    Some((queue, current, v, _)) => {
+                        *v = e.version;
+                        if e.kind == "taken_over" {
+                            *takeovers.entry(queue.clone()).or_default() += 1;
+                        }
+                        let to = if e.kind == "purged" {
+                            "purged".to_string()
+                        } else {
+                            e.to_state.clone()
+                        };
+                        if *current != to {
+                            if let Some(from) = state(current) {
+                                *delta.entry((queue.clone(), from)).or_default() -= 1;
+                            }
+                            if let Some(t) = state(&to) {
+                                *delta.entry((queue.clone(), t)).or_default() += 1;
+                            }
+                            *current = to;
+                        }
+                    }
+                }
+            }
+            let (mut id, mut q, mut s, mut v, mut c) = (vec![], vec![], vec![], vec![], vec![]);
+            for (k, (queue, state, version, created)) in &jobs {
+                id.push(*k);
+                q.push(queue.clone());
+                s.push(state.clone());
+                v.push(*version);
+                c.push(*created);
+            }
+            sqlx::query(&format!(
+                "INSERT INTO {} SELECT * FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::int8[], $5::timestamptz[]) \
+                 ON CONFLICT (job_id) DO UPDATE SET state = EXCLUDED.state, version = EXCLUDED.version",
+                side(table)
+            ))
+            .bind(id)
+            .bind(q)
+            .bind(s)
+            .bind(v)
+            .bind(c)
+            .execute(&mut *tx)
+            .await?;
+            let mut queues: Vec<String> = delta
+                .keys()
+                .map(|(q, _)| q.clone())
+                .chain(takeovers.keys().cloned())
+                .collect();
+            queues.sort();
+            queues.dedup();
+            for queue in &queues {
+                let counts: Vec<i64> = STATES
+                    .iter()
+                    .map(|st| delta.get(&(queue.clone(), *st)).copied().unwrap_or(0))
+                    .collect();
+                let cols = STATES.join(", ");
+                let adds: Vec<String> = STATES
+                    .iter()
+                    .map(|st| format!("{st} = {table}.{st} + EXCLUDED.{st}"))
+                    .collect();
+                sqlx::query(&format!(
+                    "INSERT INTO {table} (queue, {cols}, takeovers) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) \
+                     ON CONFLICT (queue) DO UPDATE SET {}, takeovers = {table}.takeovers + EXCLUDED.takeovers",
+                    adds.join(", ")
+                ))
+                .bind(queue)
+                .bind(counts[0])
+                .bind(counts[1])
+                .bind(counts[2])
+                .bind(counts[3])
+                .bind(counts[4])
+                .bind(counts[5])
+                .bind(counts[6])
+                .bind(takeovers.get(queue).copied().unwrap_or(0))
+                .execute(&mut *tx)
+                .await?;
+            }
+            sqlx::query(&format!(
+                "UPDATE {table} t SET oldest_pending_at = (SELECT min(created_at) FROM {} j \
+                 WHERE j.queue = t.queue AND j.state = ANY($2)) WHERE t.queue = ANY($1)",
+                side(table)
+            ))
+            .bind(&queues)
+            .bind(OPEN.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+            .execute(&mut *tx)
+            .await?;
+            Ok(())
+        })
+    }
+}
+
+/// `jobledger_proj."x_v1"` → `jobledger_proj."x_v1__jobs"`.
+fn side(table: &str) -> String {
+    match table.strip_suffix('"') {
+        Some(t) => format!("{t}__jobs\""),
+        None => format!("{table}__jobs"),
+    }
+}

@@ -359,7 +359,11 @@ pub async fn run(cli: Cli) -> Result<i32> {
             if action == "run" {
                 let reader = jobledger::reader::LogReader::open(ledger.pool().clone(), "projections").await?;
                 let runner = Runner::new(ledger.pool().clone(), &reader, 5000).await?;
-                let shipped: [&dyn Projection; 2] = [&JobTimeline, &jobledger::rebuilt::JobsRebuilt];
+                let shipped: [&dyn Projection; 3] = [
+                    &JobTimeline,
+                    &jobledger_projections::shipped::QueueStats,
+                    &jobledger::rebuilt::JobsRebuilt,
+                ];
                 for p in shipped {
                     let s = runner.catch_up(&[p]).await?;
                     line(
