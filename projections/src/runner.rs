@@ -68,6 +68,29 @@ impl<'a> Runner<'a> {
         Ok(step)
     }
 
+    /// Rebuilds the current version from position 0 into a fresh table
+    /// while the serving one keeps serving; `step` carries it on (also after
+    /// a crash: the rebuild's table and checkpoint are in the registry).
+    pub async fn start_rebuild(&self, p: &dyn Projection) -> Result<String, ProjectionError> {
+        self.ensure(p).await?;
+        let mut tx = self.pool.begin().await?;
+        let e = registry::lock(&mut tx, p.name())
+            .await?
+            .ok_or_else(|| ProjectionError::Unknown(p.name().into()))?;
+        if let Some(t) = e.building_table {
+            return Ok(t); // one rebuild at a time: resume it
+        }
+        let table = format!(
+            "{}_r{}",
+            table_name(p.name(), p.version()),
+            chrono::Utc::now().timestamp_millis()
+        );
+        p.create(&mut tx, &format!("jobledger_proj.\"{table}\"")).await?;
+        registry::start_build(&mut tx, p.name(), p.version(), &table).await?;
+        tx.commit().await?;
+        Ok(table)
+    }
+
     async fn entry(&self, name: &str) -> Result<Entry, ProjectionError> {
         let mut conn = self.pool.acquire().await?;
         registry::lock(&mut conn, name)

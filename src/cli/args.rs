@@ -224,10 +224,13 @@ pub enum Cmd {
         #[arg(long)]
         json: bool,
     },
-    /// Async read models: `list` them, or `run` them until caught up.
+    /// Async read models: `list`/`status` them, `run` them until caught up,
+    /// or `rebuild NAME` from position 0 (progress bar with ETA).
     Projections {
-        #[arg(value_parser = ["list", "run"])]
+        #[arg(value_parser = ["list", "status", "run", "rebuild"])]
         action: String,
+        /// The projection to rebuild.
+        name: Option<String>,
     },
     /// Stream the log's events between two positions, in position order.
     ReplayLog {

@@ -5,5 +5,6 @@ pub mod demo;
 pub mod output;
 pub mod parse;
 pub mod private_pg;
+pub mod projections;
 pub mod run;
 pub mod timeline;

@@ -354,35 +354,7 @@ pub async fn run(cli: Cli) -> Result<i32> {
             line(&serde_json::to_value(report)?);
             Ok(output::OK)
         }
-        Cmd::Projections { action } => {
-            use jobledger_projections::{registry, runner::Runner, shipped::JobTimeline, Projection};
-            if action == "run" {
-                let reader = jobledger::reader::LogReader::open(ledger.pool().clone(), "projections").await?;
-                let runner = Runner::new(ledger.pool().clone(), &reader, 5000).await?;
-                let shipped: [&dyn Projection; 3] = [
-                    &JobTimeline,
-                    &jobledger_projections::shipped::QueueStats,
-                    &jobledger::rebuilt::JobsRebuilt,
-                ];
-                for p in shipped {
-                    let s = runner.catch_up(&[p]).await?;
-                    line(
-                        &json!({ "projection": p.name(), "applied": s.applied, "rebuilt": s.rebuilt,
-                                  "switched_to": s.switched_to }),
-                    );
-                }
-            } else {
-                registry::install(ledger.pool()).await?;
-                for e in registry::entries(ledger.pool()).await? {
-                    line(
-                        &json!({ "projection": e.name, "version": e.version, "table": e.active_table,
-                                  "checkpoint": { "txid": e.txid, "position": e.position },
-                                  "rebuilding": e.building_version }),
-                    );
-                }
-            }
-            Ok(output::OK)
-        }
+        Cmd::Projections { action, name } => super::projections::run(&ledger, action, name.as_deref()).await,
         Cmd::ReplayLog { from, to, job, json } => {
             let mut after = from - 1;
             loop {

@@ -1,0 +1,96 @@
+//! `jobledger projections list|status|run|rebuild NAME`.
+
+use anyhow::{bail, Result};
+use indicatif::{ProgressBar, ProgressStyle};
+use serde_json::json;
+
+use super::output::{self, line};
+use jobledger::ledger::Ledger;
+use jobledger::reader::{Checkpoint, LogReader};
+use jobledger_projections::registry;
+use jobledger_projections::runner::Runner;
+use jobledger_projections::shipped::{JobTimeline, QueueStats};
+use jobledger_projections::Projection;
+
+fn shipped() -> [&'static dyn Projection; 3] {
+    [&JobTimeline, &QueueStats, &jobledger::rebuilt::JobsRebuilt]
+}
+
+pub async fn run(ledger: &Ledger, action: &str, name: Option<&str>) -> Result<i32> {
+    let reader = LogReader::open(ledger.pool().clone(), "projections").await?;
+    let runner = Runner::new(ledger.pool().clone(), &reader, 5000).await?;
+    match action {
+        "run" => {
+            for p in shipped() {
+                let s = runner.catch_up(&[p]).await?;
+                line(
+                    &json!({ "projection": p.name(), "applied": s.applied, "rebuilt": s.rebuilt,
+                              "switched_to": s.switched_to }),
+                );
+            }
+        }
+        "rebuild" => {
+            let Some(name) = name else {
+                bail!(super::output::BadInput("rebuild needs a projection name".into()))
+            };
+            let Some(p) = shipped().into_iter().find(|p| p.name() == name) else {
+                bail!(super::output::BadInput(format!("unknown projection {name:?}")));
+            };
+            let table = runner.start_rebuild(p).await?;
+            let entry = registry::entries(ledger.pool())
+                .await?
+                .into_iter()
+                .find(|e| e.name == name);
+            let from = entry
+                .map(|e| Checkpoint {
+                    txid: e.b_txid,
+                    position: e.b_position,
+                })
+                .unwrap_or_default();
+            let total = reader.lag(from).await?.events.max(1) as u64;
+            let bar = ProgressBar::new(total).with_style(
+                ProgressStyle::with_template("{msg} [{bar:40}] {pos}/{len} events, {per_sec}, ETA {eta}")
+                    .expect("template")
+                    .progress_chars("=> "),
+            );
+            bar.set_message(format!("rebuilding {name} into {table}"));
+            loop {
+                let s = runner.step(&[p]).await?;
+                bar.inc(s.rebuilt as u64);
+                if let Some(v) = s.switched_to {
+                    bar.finish_with_message(format!("{name}: switched to the rebuilt table (version {v})"));
+                    line(&json!({ "projection": name, "rebuilt_events": bar.position(), "switched_to": v }));
+                    break;
+                }
+            }
+        }
+        _ => {
+            for e in registry::entries(ledger.pool()).await? {
+                let mut v = json!({ "projection": e.name, "version": e.version, "table": e.active_table,
+                                    "checkpoint": { "txid": e.txid, "position": e.position },
+                                    "rebuilding": e.building_version, "rebuild_table": e.building_table });
+                if action == "status" {
+                    let lag = reader
+                        .lag(Checkpoint {
+                            txid: e.txid,
+                            position: e.position,
+                        })
+                        .await?;
+                    v["lag_events"] = json!(lag.events);
+                    v["lag_seconds"] = json!(lag.seconds);
+                    if e.building_table.is_some() {
+                        let b = reader
+                            .lag(Checkpoint {
+                                txid: e.b_txid,
+                                position: e.b_position,
+                            })
+                            .await?;
+                        v["rebuild_remaining_events"] = json!(b.events);
+                    }
+                }
+                line(&v);
+            }
+        }
+    }
+    Ok(output::OK)
+}
