@@ -79,6 +79,9 @@ pub async fn run(args: BenchArgs) -> Result<i32> {
             drop_database(&args.url, &format!("{name}_consumer")).await;
             r?;
         }
+        if wants("rebuild") {
+            rebuild_rate(&ledger, args.history_events).await?;
+        }
         if wants("w3-history") {
             history(&ledger, args.history_events).await?;
             w3(&ledger, "w3-history", args.w3_jobs, args.prefetch).await?;
@@ -436,5 +439,35 @@ pub async fn end_to_end(
                 "max_ms": (pct(1.0) * 100.0).round() / 100.0 })
     );
     cpool.close().await;
+    Ok(())
+}
+
+/// Rebuild rate of the shipped projections from a log of about `events`
+/// events (built by running real jobs when the log is shorter).
+pub async fn rebuild_rate(ledger: &Ledger, events: usize) -> Result<()> {
+    use jobledger_projections::runner::Runner;
+    use jobledger_projections::Projection;
+    if (ledger.count_events_total().await? as usize) < events {
+        history(ledger, events).await?;
+    }
+    let total = ledger.count_events_total().await?;
+    let reader = jobledger::reader::LogReader::open(ledger.pool().clone(), "bench-projections").await?;
+    let runner = Runner::new(ledger.pool().clone(), &reader, 10_000).await?;
+    let shipped: [&dyn Projection; 3] = [
+        &jobledger::rebuilt::JobsRebuilt,
+        &jobledger_projections::shipped::QueueStats,
+        &jobledger_projections::shipped::JobTimeline,
+    ];
+    for p in shipped {
+        let started = Instant::now();
+        let s = runner.catch_up(&[p]).await?;
+        let secs = started.elapsed().as_secs_f64();
+        println!(
+            "{}",
+            json!({ "workload": format!("rebuild {} from position 0", p.name()), "events": s.applied,
+                    "log_events": total, "seconds": (secs * 1000.0).round() / 1000.0,
+                    "events_per_s": (s.applied as f64 / secs).round() })
+        );
+    }
     Ok(())
 }
