@@ -462,3 +462,39 @@ async fn replay_log_streams_events_in_position_order() {
     );
     assert_eq!(window.stdout.lines().count(), 3);
 }
+
+/// `projections query --min-position`: pending while the projection is
+/// behind, the rows once it has caught up.
+#[tokio::test]
+async fn projection_queries_wait_for_a_minimum_position_or_say_pending() {
+    let db = common::fresh().await;
+    let url = db.url.as_str();
+    assert_eq!(jl(url, &["projections", "run"]).code, 0);
+    let e = jl(url, &["enqueue", "--queue", "q", "--kind", "k", "--key", "p"]).json();
+    let (job, pos) = (
+        e["job_id"].as_str().unwrap().to_string(),
+        e["position"].to_string(),
+    );
+    let q = [
+        "projections",
+        "query",
+        "job_timeline",
+        "--job",
+        &job,
+        "--min-position",
+        &pos,
+        "--timeout",
+        "100ms",
+    ];
+    let pending = jl(url, &q).json();
+    assert_eq!(
+        pending["pending"], true,
+        "the runner is held back: pending, not an older answer"
+    );
+    assert_eq!(jl(url, &["projections", "run"]).code, 0);
+    let rows = jl(url, &q).lines();
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0]["type"], "enqueued");
+    let status = jl(url, &["projections", "status"]).lines();
+    assert!(status.iter().all(|s| s["lag_events"] == 0), "{status:?}");
+}

@@ -225,12 +225,21 @@ pub enum Cmd {
         json: bool,
     },
     /// Async read models: `list`/`status` them, `run` them until caught up,
-    /// or `rebuild NAME` from position 0 (progress bar with ETA).
+    /// `rebuild NAME` from position 0 (progress bar with ETA), or `query NAME`.
     Projections {
-        #[arg(value_parser = ["list", "status", "run", "rebuild"])]
+        #[arg(value_parser = ["list", "status", "run", "rebuild", "query"])]
         action: String,
-        /// The projection to rebuild.
+        /// The projection to rebuild or query.
         name: Option<String>,
+        /// query: one job's rows.
+        #[arg(long)]
+        job: Option<Uuid>,
+        /// query: wait until the projection has applied the event at this
+        /// position (every write prints its position), else answer pending.
+        #[arg(long)]
+        min_position: Option<i64>,
+        #[arg(long, value_parser = parse::duration, default_value = "5s")]
+        timeout: std::time::Duration,
     },
     /// Stream the log's events between two positions, in position order.
     ReplayLog {

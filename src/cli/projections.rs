@@ -94,3 +94,35 @@ pub async fn run(ledger: &Ledger, action: &str, name: Option<&str>) -> Result<i3
     }
     Ok(output::OK)
 }
+
+/// `projections query NAME [--job J] [--min-position P]`: the view's rows,
+/// or `{"pending": true}` when the projection has not reached P within the
+/// timeout — never an older generation silently.
+pub async fn query(
+    ledger: &Ledger,
+    name: Option<&str>,
+    job: Option<uuid::Uuid>,
+    min_position: Option<i64>,
+    timeout: std::time::Duration,
+) -> Result<i32> {
+    let Some(name) = name else {
+        bail!(super::output::BadInput("query needs a projection name".into()))
+    };
+    if !shipped().iter().any(|p| p.name() == name) {
+        bail!(super::output::BadInput(format!("unknown projection {name:?}")));
+    }
+    if let Some(p) = min_position {
+        let Some(txid) = ledger.txid_of_position(p).await? else {
+            bail!(super::output::BadInput(format!("no event at position {p}")));
+        };
+        use jobledger_projections::runner::{wait_for, Freshness};
+        if wait_for(ledger.pool(), name, txid, p, timeout).await? == Freshness::Pending {
+            line(&json!({ "pending": true, "projection": name, "min_position": p }));
+            return Ok(output::OK);
+        }
+    }
+    for row in ledger.projection_rows(name, job).await? {
+        line(&row);
+    }
+    Ok(output::OK)
+}

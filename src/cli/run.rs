@@ -354,7 +354,18 @@ pub async fn run(cli: Cli) -> Result<i32> {
             line(&serde_json::to_value(report)?);
             Ok(output::OK)
         }
-        Cmd::Projections { action, name } => super::projections::run(&ledger, action, name.as_deref()).await,
+        Cmd::Projections {
+            action,
+            name,
+            job,
+            min_position,
+            timeout,
+        } if action == "query" => {
+            super::projections::query(&ledger, name.as_deref(), *job, *min_position, *timeout).await
+        }
+        Cmd::Projections { action, name, .. } => {
+            super::projections::run(&ledger, action, name.as_deref()).await
+        }
         Cmd::ReplayLog { from, to, job, json } => {
             let mut after = from - 1;
             loop {

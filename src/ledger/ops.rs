@@ -341,4 +341,12 @@ impl Ledger {
             })
             .collect()
     }
+
+    pub async fn txid_of_position(&self, position: i64) -> LedgerResult<Option<i64>> {
+        Ok(events::txid_of_position(&self.pool, position).await?)
+    }
+
+    pub async fn projection_rows(&self, view: &str, job: Option<Uuid>) -> LedgerResult<Vec<Value>> {
+        Ok(events::projection_rows(&self.pool, view, job).await?)
+    }
 }

@@ -136,3 +136,32 @@ pub async fn events_between<'e>(
         .fetch_all(exec)
         .await?)
 }
+
+/// The writing transaction of the event at `position` (for minimum-position reads).
+pub async fn txid_of_position<'e>(exec: impl PgExecutor<'e>, position: i64) -> StoreResult<Option<i64>> {
+    Ok(
+        sqlx::query_scalar("SELECT txid::text::bigint FROM jobledger.events WHERE position = $1")
+            .bind(position)
+            .fetch_optional(exec)
+            .await?,
+    )
+}
+
+/// Rows of a projection's view as JSON (optionally one job's), for `projections query`.
+pub async fn projection_rows<'e>(
+    exec: impl PgExecutor<'e>,
+    view: &str,
+    job: Option<Uuid>,
+) -> StoreResult<Vec<serde_json::Value>> {
+    let quoted = format!("jobledger_proj.\"{}\"", view.replace('"', "\"\""));
+    let sql = match job {
+        Some(_) => format!("SELECT to_jsonb(v) FROM {quoted} v WHERE v.job_id = $1 ORDER BY 1 LIMIT 10000"),
+        None => format!("SELECT to_jsonb(v) FROM {quoted} v ORDER BY 1 LIMIT 10000"),
+    };
+    let q = sqlx::query_scalar(&sql);
+    let q = match job {
+        Some(j) => q.bind(j),
+        None => q,
+    };
+    Ok(q.fetch_all(exec).await?)
+}
