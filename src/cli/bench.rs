@@ -79,6 +79,9 @@ pub async fn run(args: BenchArgs) -> Result<i32> {
             drop_database(&args.url, &format!("{name}_consumer")).await;
             r?;
         }
+        if wants("lag") {
+            catch_up_lag(&ledger, args.w3_jobs).await?;
+        }
         if wants("rebuild") {
             rebuild_rate(&ledger, args.history_events).await?;
         }
@@ -469,5 +472,76 @@ pub async fn rebuild_rate(ledger: &Ledger, events: usize) -> Result<()> {
                     "events_per_s": (s.applied as f64 / secs).round() })
         );
     }
+    Ok(())
+}
+
+/// Catch-up lag of the shipped projections while W3 runs: a runner follows
+/// the log; the lag (events not yet applied, age of the oldest) is sampled
+/// every 100 ms.
+pub async fn catch_up_lag(ledger: &Ledger, n: usize) -> Result<()> {
+    use jobledger_projections::runner::Runner;
+    use jobledger_projections::Projection;
+    let reader = jobledger::reader::LogReader::open(ledger.pool().clone(), "bench-lag").await?;
+    {
+        let runner = Runner::new(ledger.pool().clone(), &reader, 5000).await?;
+        runner
+            .catch_up(&[&jobledger_projections::shipped::QueueStats])
+            .await?;
+        runner
+            .catch_up(&[&jobledger_projections::shipped::JobTimeline])
+            .await?;
+    }
+    enqueue_batched(ledger, "lag", n).await?;
+    // W3 runs in its own task; this task follows the log with the runner
+    // and samples the lag (the runner's futures stay on this task).
+    let worker = noop_worker(ledger, "lag", 16, None)?;
+    let w3 = tokio::spawn(async move { drain(worker, n).await });
+    let runner = Runner::new(ledger.pool().clone(), &reader, 5000).await?;
+    let shipped: [&dyn Projection; 2] = [
+        &jobledger_projections::shipped::QueueStats,
+        &jobledger_projections::shipped::JobTimeline,
+    ];
+    let mut samples = vec![];
+    let mut last_sample = Instant::now();
+    while !w3.is_finished() {
+        let mut moved = 0;
+        for p in shipped {
+            moved += runner.step(&[p]).await?.applied;
+        }
+        if last_sample.elapsed() >= Duration::from_millis(100) {
+            last_sample = Instant::now();
+            if let Some(q) = jobledger_projections::registry::entries(ledger.pool())
+                .await?
+                .iter()
+                .find(|e| e.name == "queue_stats")
+            {
+                let lag = reader
+                    .lag(jobledger::reader::Checkpoint {
+                        txid: q.txid,
+                        position: q.position,
+                    })
+                    .await?;
+                samples.push((lag.events, lag.seconds));
+            }
+        }
+        if moved == 0 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    let elapsed = w3.await??;
+    samples.sort_by(|a, b| a.1.total_cmp(&b.1));
+    let p = |q: f64| {
+        samples
+            .get(((samples.len().max(1) - 1) as f64 * q) as usize)
+            .copied()
+            .unwrap_or((0, 0.0))
+    };
+    println!(
+        "{}",
+        json!({ "workload": "projection catch-up lag under W3 (queue_stats + job_timeline following)",
+                "jobs": n, "jobs_per_s": (n as f64 / elapsed.as_secs_f64()).round(), "samples": samples.len(),
+                "lag_seconds_p50": (p(0.5).1 * 1000.0).round() / 1000.0, "lag_seconds_max": (p(1.0).1 * 1000.0).round() / 1000.0,
+                "lag_events_max": samples.iter().map(|s| s.0).max().unwrap_or(0) })
+    );
     Ok(())
 }
