@@ -30,6 +30,10 @@ async fn zombie_late_writes_are_all_stale() {
         NextAction::Reconcile,
         "takeover must reconcile first"
     );
+    assert!(
+        b.taken_over() && !a.taken_over(),
+        "the lease says how it was obtained"
+    );
     assert_eq!(b.job().unwrap().attempt, 2);
     assert!(b
         .complete(Some(json!({"refund_id": "re_1"})))

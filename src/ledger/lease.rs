@@ -11,7 +11,7 @@ use uuid::Uuid;
 use super::engine::{record_refusal, run_transition, transition_in, transition_many, WriteResult};
 use super::error::LedgerResult;
 use super::Ledger;
-use crate::domain::{Command, ErrorClass, Fence, Job, NextAction};
+use crate::domain::{Command, ErrorClass, EventBody, Fence, Job, NextAction};
 
 #[derive(Clone, Debug)]
 pub struct Lease {
@@ -21,6 +21,8 @@ pub struct Lease {
     holder: String,
     /// The job as the claim left it (absent for a handle rebuilt from ids).
     claimed: Option<Job>,
+    /// The claim took an expired lease over (rather than a queued job).
+    taken_over: bool,
 }
 
 pub(crate) fn millis(d: Duration) -> i64 {
@@ -28,18 +30,25 @@ pub(crate) fn millis(d: Duration) -> i64 {
 }
 
 impl Lease {
-    pub(crate) fn from_claim(ledger: Ledger, job: Job) -> Self {
-        let holder = job.holder.clone().unwrap_or_default();
-        Lease {
-            ledger,
+    /// The lease a committed claim handed out, if it left the job held (a
+    /// claim can also end a job whose lease expired on its last attempt).
+    pub(crate) fn from_claim(ledger: &Ledger, r: &WriteResult) -> Option<Self> {
+        let job = r.job.clone().filter(|j| r.committed() && j.state.is_held())?;
+        let taken_over = matches!(
+            r.event.as_ref().map(|e| &e.body),
+            Some(EventBody::TakenOver { .. })
+        );
+        Some(Lease {
+            ledger: ledger.clone(),
             job_id: job.job_id,
             fence: Fence {
                 epoch: job.epoch,
                 token: job.token,
             },
-            holder,
+            holder: job.holder.clone().unwrap_or_default(),
             claimed: Some(job),
-        }
+            taken_over,
+        })
     }
 
     /// A handle for a lease issued elsewhere (another process, the CLI): the
@@ -51,6 +60,7 @@ impl Lease {
             fence: Fence { epoch, token },
             holder: holder.into(),
             claimed: None,
+            taken_over: false,
         }
     }
 
@@ -66,6 +76,10 @@ impl Lease {
     /// The job as claimed: payload, kind, key, attempt, next action, lease end.
     pub fn job(&self) -> Option<&Job> {
         self.claimed.as_ref()
+    }
+    /// Whether this lease came from taking over an expired one.
+    pub fn taken_over(&self) -> bool {
+        self.taken_over
     }
     pub fn next_action(&self) -> NextAction {
         self.claimed

@@ -56,11 +56,8 @@ impl Ledger {
         let results = decide_and_write(&mut tx, locked, holder, cmd).await?;
         tx.commit().await?;
         Ok(results
-            .into_iter()
-            .filter(|r| r.committed())
-            .filter_map(|r| r.job)
-            .filter(|j| j.state.is_held())
-            .map(|j| Lease::from_claim(self.clone(), j))
+            .iter()
+            .filter_map(|r| Lease::from_claim(self, r))
             .collect())
     }
 
@@ -83,11 +80,7 @@ impl Ledger {
             lease_ms: millis(lease),
         };
         let out = run_transition(&self.pool, job_id, holder, cmd).await?;
-        let lease = out
-            .job
-            .clone()
-            .filter(|j| out.committed() && j.state.is_held())
-            .map(|j| Lease::from_claim(self.clone(), j));
+        let lease = Lease::from_claim(self, &out);
         Ok((out, lease))
     }
 

@@ -15,7 +15,7 @@ use super::committer;
 use super::handler::{BoxFuture, HandlerOutcome, JobContext, Signal, StopReason};
 use super::metrics as m;
 use super::{Config, Counters, WorkerReport};
-use crate::domain::{ErrorClass, NextAction, Outcome};
+use crate::domain::{ErrorClass, Outcome};
 use crate::ledger::{Lease, Ledger, LedgerResult, WriteResult};
 
 /// Test hooks: gates between the runtime's steps.
@@ -156,10 +156,7 @@ async fn claim_and_start(
         for lease in leases {
             shared.counters.claimed.fetch_add(1, Ordering::Relaxed);
             metrics::counter!(m::CLAIMED, "queue" => queue.clone()).increment(1);
-            if lease
-                .job()
-                .is_some_and(|j| j.attempt > 1 && j.next_action == NextAction::Reconcile)
-            {
+            if lease.taken_over() {
                 shared.counters.takeovers.fetch_add(1, Ordering::Relaxed);
                 metrics::counter!(m::TAKEOVERS, "queue" => queue.clone()).increment(1);
             }
