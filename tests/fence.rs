@@ -385,3 +385,21 @@ async fn concurrent_targeted_takeovers_one_winner() {
         .iter()
         .all(|o| matches!(o, Outcome::Committed | Outcome::InvalidTransition)));
 }
+
+/// A holder never takes over its own expired lease (the job still runs in
+/// that process); another holder does.
+#[tokio::test]
+async fn a_holder_does_not_take_over_its_own_lease() {
+    let db = fresh().await;
+    let job = db.enqueue(None, json!({})).await;
+    db.claim_one("worker-a").await;
+    db.expire_lease(job.job_id).await;
+    db.claim_none("worker-a").await;
+    let (r, lease) = db
+        .ledger
+        .claim_job(job.job_id, "worker-a", Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert_eq!((r.outcome, lease.is_none()), (Outcome::InvalidTransition, true));
+    assert!(db.claim_one("worker-b").await.taken_over());
+}

@@ -295,6 +295,14 @@ fn claim(job: &Job, holder: &str, lease_ms: i64, ctx: &Ctx) -> Result<Draft, Rej
         }
         s if s.is_held() => {
             expired_lease(job, ctx)?;
+            // A holder never takes over its own lease: the job is still
+            // running in that process, which should heartbeat it, not start
+            // it a second time. (A restarted process has a new holder id.)
+            if job.holder.as_deref() == Some(holder) {
+                return Err(Rejection::invalid(
+                    "the lease is the claimer's own: heartbeat it instead",
+                ));
+            }
             if job.policy.on_lease_expiry != ExpiryPolicy::Reconcile {
                 return Err(Rejection::invalid(format!(
                     "expired lease under policy {} is the sweeper's",

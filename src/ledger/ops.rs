@@ -52,7 +52,7 @@ impl Ledger {
             lease_ms,
         };
         let mut tx = self.pool.begin().await?;
-        let locked = jobs::lock_claimable(&mut tx, queue, limit).await?;
+        let locked = jobs::lock_claimable(&mut tx, queue, holder, limit).await?;
         let results = decide_and_write(&mut tx, locked, holder, cmd).await?;
         tx.commit().await?;
         Ok(results

@@ -74,12 +74,17 @@ pub async fn lock_jobs(conn: &mut PgConnection, ids: &[Uuid]) -> StoreResult<Vec
 /// i.e. lowest number, then oldest); each locked `SKIP LOCKED`. The second
 /// subquery may lock a few rows beyond `limit`; they are left untouched and
 /// unlocked at commit.
-pub async fn lock_claimable(conn: &mut PgConnection, queue: &str, limit: i64) -> StoreResult<Vec<Locked>> {
+pub async fn lock_claimable(
+    conn: &mut PgConnection,
+    queue: &str,
+    holder: &str,
+    limit: i64,
+) -> StoreResult<Vec<Locked>> {
     let sql = format!(
         "WITH expired AS ( \
             SELECT job_id, 0 AS pick, lease_until AS at FROM jobledger.jobs \
             WHERE queue = $1 AND state IN ('leased', 'cancel_requested') AND lease_until <= now() \
-              AND policy ->> 'on_lease_expiry' = 'reconcile' \
+              AND policy ->> 'on_lease_expiry' = 'reconcile' AND holder IS DISTINCT FROM $3 \
             ORDER BY lease_until LIMIT $2 FOR UPDATE SKIP LOCKED), \
          due AS ( \
             SELECT job_id, 1 AS pick, run_at AS at FROM jobledger.jobs \
@@ -92,6 +97,7 @@ pub async fn lock_claimable(conn: &mut PgConnection, queue: &str, limit: i64) ->
     Ok(sqlx::query_as(&sql)
         .bind(queue)
         .bind(limit)
+        .bind(holder)
         .fetch_all(conn)
         .await?)
 }
