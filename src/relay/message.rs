@@ -83,27 +83,11 @@ pub fn message(e: &LogEvent, queue: &str, job_key: Option<&str>) -> Message {
     }
 }
 
-/// Rebuilds the event from a message body (the audit log check uses this).
+/// Rebuilds the event from a message body (the audit log check uses this):
+/// the body carries the stored row's columns, so it reads back as one.
 pub fn event_of(body: &Value) -> Option<crate::domain::Event> {
-    let kind = body.get("type")?.as_str()?;
-    let data = body.get("data")?;
-    Some(crate::domain::Event {
-        job_id: serde_json::from_value(body.get("job_id")?.clone()).ok()?,
-        version: body.get("version")?.as_i64()?,
-        epoch: body.get("epoch")?.as_i64()?,
-        token: body.get("token")?.as_i64()?,
-        attempt: body.get("attempt")?.as_i64()? as i32,
-        run: body.get("run")?.as_i64()? as i32,
-        from_state: serde_json::from_value(body.get("from_state")?.clone()).ok()?,
-        to_state: serde_json::from_value(body.get("to_state")?.clone()).ok()?,
-        reason: serde_json::from_value(body.get("reason")?.clone()).ok()?,
-        error_class: serde_json::from_value(body.get("error_class")?.clone()).ok()?,
-        actor: body.get("actor")?.as_str()?.to_string(),
-        recorded_at: chrono::DateTime::parse_from_rfc3339(body.get("recorded_at")?.as_str()?)
-            .ok()?
-            .to_utc(),
-        body: crate::domain::EventBody::from_parts(kind, data).ok()?,
-        prev_hash: body.get("prev_hash")?.as_str().map(str::to_string),
-        hash: body.get("hash")?.as_str()?.to_string(),
-    })
+    serde_json::from_value::<crate::store::EventRow>(body.clone())
+        .ok()?
+        .to_event()
+        .ok()
 }
