@@ -178,6 +178,15 @@ impl LogReader {
         Ok(())
     }
 
+    /// Moves the checkpoint to the current end of the log: the reader will
+    /// hand out only what is written from now on.
+    pub async fn skip_to_end(&self) -> LedgerResult<Checkpoint> {
+        let (txid, position) = readers::log_tail(&self.pool).await?.unwrap_or((0, 0));
+        let cp = Checkpoint { txid, position };
+        self.store(cp).await?;
+        Ok(cp)
+    }
+
     /// Takes the reader's fenced lease (relay): `None` while another holder's
     /// lease is live.
     pub async fn acquire(

@@ -221,3 +221,22 @@ async fn concurrent_writers_everything_arrives_in_per_job_order() {
     );
     assert_eq!(db.count("SELECT count(*) FROM jobledger.events").await, 160);
 }
+
+/// `skip_to_end`: a reader that only wants what comes next sees exactly that.
+#[tokio::test]
+async fn skip_to_end_hands_out_only_new_events() {
+    let db = fresh().await;
+    for i in 0..3 {
+        db.enqueue(Some(&format!("old{i}")), json!({})).await;
+    }
+    let reader = LogReader::open(db.ledger.pool().clone(), "tail").await.unwrap();
+    let cp = reader.skip_to_end().await.unwrap();
+    assert_eq!(reader.checkpoint().await.unwrap(), cp);
+    assert!(reader.read(cp, 10).await.unwrap().events.is_empty());
+    let new = db.enqueue(Some("new"), json!({})).await;
+    let b = reader.read(cp, 10).await.unwrap();
+    assert_eq!(
+        b.events.iter().map(|e| e.job_id()).collect::<Vec<_>>(),
+        vec![new.job_id]
+    );
+}

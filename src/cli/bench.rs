@@ -369,16 +369,10 @@ pub async fn end_to_end(
     let relay = Relay::new(ledger.clone(), cfg);
     relay.ensure_topic().await?;
     // Start from the end of the log: only this workload's events count.
-    let reader = jobledger::reader::LogReader::open(ledger.pool().clone(), &format!("relay:{topic}")).await?;
-    let mut cp = reader.checkpoint().await?;
-    loop {
-        let b = reader.read(cp, 10_000).await?;
-        if b.events.is_empty() {
-            break;
-        }
-        cp = b.next;
-    }
-    reader.store(cp).await?;
+    jobledger::reader::LogReader::open(ledger.pool().clone(), &format!("relay:{topic}"))
+        .await?
+        .skip_to_end()
+        .await?;
     jobledger::store::schema::create_database_if_missing(&jobledger::ledger::connect_options(consumer_url)?)
         .await?;
     let cpool = sqlx::postgres::PgPoolOptions::new()

@@ -134,6 +134,11 @@ async fn start_kafka(demo: &Arc<Demo>, url: &str, brokers: &str) -> Option<Kafka
     let mut cfg = RelayConfig::new(brokers, &topic);
     cfg.partitions = 4;
     cfg.poll = Duration::from_millis(100);
+    // This run's topic gets this run's events, not the database's history.
+    let reader = jobledger::reader::LogReader::open(demo.ledger.pool().clone(), &cfg.reader)
+        .await
+        .ok()?;
+    reader.skip_to_end().await.ok()?;
     let relay = Relay::new(demo.ledger.clone(), cfg);
     if tokio::time::timeout(Duration::from_secs(5), relay.ensure_topic())
         .await

@@ -214,3 +214,14 @@ pub async fn reader_names<'e>(exec: impl PgExecutor<'e>) -> StoreResult<Vec<Stri
             .await?,
     )
 }
+
+/// The last `(txid, position)` below the snapshot horizon: where a reader
+/// that only wants what comes next starts.
+pub async fn log_tail<'e>(exec: impl PgExecutor<'e>) -> StoreResult<Option<(i64, i64)>> {
+    Ok(sqlx::query_as(
+        "SELECT txid::text::bigint, position FROM jobledger.events \
+         WHERE txid < pg_snapshot_xmin(pg_current_snapshot()) ORDER BY txid DESC, position DESC LIMIT 1",
+    )
+    .fetch_optional(exec)
+    .await?)
+}
