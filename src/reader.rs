@@ -149,6 +149,13 @@ impl LogReader {
         })
     }
 
+    /// Whether committed events lie past `at`. An empty batch does not say
+    /// "caught up": an open transaction anywhere in the cluster holds the
+    /// horizon back, and what committed after it waits until it ends.
+    pub async fn behind(&self, at: Checkpoint) -> LedgerResult<bool> {
+        Ok(readers::any_after(&self.pool, at.txid, at.position).await?)
+    }
+
     pub async fn lag(&self, at: Checkpoint) -> LedgerResult<Lag> {
         let (events, oldest) = readers::lag(&self.pool, at.txid, at.position).await?;
         let seconds = oldest.map_or(0.0, |t: DateTime<Utc>| {
@@ -294,6 +301,23 @@ impl jobledger_projections::LogSource for LogReader {
                     position: batch.next.position,
                 },
             ))
+        })
+    }
+
+    fn behind(
+        &self,
+        after: jobledger_projections::Checkpoint,
+    ) -> jobledger_projections::BoxFuture<'_, Result<bool, jobledger_projections::ProjectionError>> {
+        Box::pin(async move {
+            LogReader::behind(
+                self,
+                Checkpoint {
+                    txid: after.txid,
+                    position: after.position,
+                },
+            )
+            .await
+            .map_err(|e| jobledger_projections::ProjectionError::Log(e.to_string()))
         })
     }
 }

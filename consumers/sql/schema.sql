@@ -64,3 +64,18 @@ $$;
 DROP TRIGGER IF EXISTS audit_log_append_only ON jobledger_consumer.audit_log;
 CREATE TRIGGER audit_log_append_only BEFORE UPDATE OR DELETE ON jobledger_consumer.audit_log
     FOR EACH ROW EXECUTE FUNCTION jobledger_consumer.refuse_change();
+
+-- Where the consumer is, per (group, topic, partition): the next offset to
+-- apply, written in the transaction that applies the message. Offsets live
+-- here, not in the broker's group coordinator: a consumer killed mid-message
+-- resumes exactly after the last committed one, and no group rebalance is
+-- needed (a tansu group stalls after members are killed; see
+-- docs/reliability.md).
+CREATE TABLE IF NOT EXISTS jobledger_consumer.offsets (
+    grp         text NOT NULL,
+    topic       text NOT NULL,
+    partition   integer NOT NULL,
+    next_offset bigint NOT NULL,
+    updated_at  timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (grp, topic, partition)
+);

@@ -1,11 +1,15 @@
-//! `FencedConsumer`: one database transaction per message (fence + the
-//! handler's effect), then the offset is stored.
+//! `FencedConsumer`: one database transaction per message holds the fence,
+//! the handler's effect and the consumer's offset, so a message is applied
+//! exactly once per consumer name whatever crashes (offsets in the
+//! consumer's database, partitions assigned by the consumer itself).
 
 use rdkafka::config::ClientConfig;
-use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
+use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::message::{BorrowedMessage, Headers, Message};
+use rdkafka::{Offset, TopicPartitionList};
 use serde_json::{json, Value};
 use sqlx::{PgConnection, PgPool};
+use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -29,6 +33,8 @@ pub enum Outcome {
     Duplicate,
     Stale,
     DeadLettered,
+    /// This offset was applied before (redelivered after a crash): skipped.
+    Redelivered,
 }
 
 #[derive(Default, Debug)]
@@ -37,19 +43,23 @@ pub struct ConsumerCounters {
     pub duplicates: AtomicU64,
     pub stale: AtomicU64,
     pub dead_lettered: AtomicU64,
+    pub redelivered: AtomicU64,
 }
 
 impl ConsumerCounters {
     pub fn snapshot(&self) -> Value {
         let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
         json!({ "applied": g(&self.applied), "duplicates": g(&self.duplicates), "stale": g(&self.stale),
-                "dead_lettered": g(&self.dead_lettered) })
+                "dead_lettered": g(&self.dead_lettered), "redelivered": g(&self.redelivered) })
     }
 }
 
 #[derive(Clone, Debug)]
 pub struct ConsumerConfig {
     pub brokers: String,
+    /// The consumer's name: its fences and offsets are kept under it. Run
+    /// one process per name (a second one is harmless, each message still
+    /// applies once, but it does the work twice).
     pub group: String,
     pub topic: String,
 }
@@ -59,10 +69,30 @@ pub struct FencedConsumer {
     pool: PgPool,
     cfg: ConsumerConfig,
     counters: Arc<ConsumerCounters>,
+    /// Per partition: the next offset to apply and whether the partition
+    /// was already rewound to its beginning once.
+    positions: std::sync::Mutex<HashMap<i32, (i64, bool)>>,
+}
+
+/// How far before its stored offset a partition is (re)read. tansu 0.6
+/// answers a fetch from an offset inside a record batch with the *next*
+/// batch, silently skipping the rest of the batch; starting at least one
+/// batch earlier (librdkafka puts at most 10,000 messages in one) and
+/// skipping what was applied in memory avoids that. Kafka itself would not
+/// need it; it costs one re-read of up to this many messages per start.
+const REWIND: i64 = 10_000;
+
+enum Position {
+    /// Not yet reached (re-read after a rewind): skip without a database trip.
+    Behind,
+    Next,
+    /// Past the next offset: the broker skipped messages.
+    Gap(i64),
 }
 
 impl FencedConsumer {
-    /// Joins `cfg.group` on `cfg.topic`; installs the consumer's tables.
+    /// Installs the consumer's tables and prepares a Kafka client; `run`
+    /// assigns the partitions once the topic exists.
     pub async fn new(
         cfg: ConsumerConfig,
         pool: PgPool,
@@ -70,22 +100,22 @@ impl FencedConsumer {
         crate::schema::install(&pool).await?;
         let consumer: StreamConsumer = ClientConfig::new()
             .set("bootstrap.servers", &cfg.brokers)
+            // No group membership is used (no subscribe, no commits): the
+            // id only names the client to the broker.
             .set("group.id", &cfg.group)
-            .set("enable.auto.commit", "true")
-            // Offsets are stored by hand, only after the database commit.
+            .set("enable.auto.commit", "false")
             .set("enable.auto.offset.store", "false")
             .set("auto.offset.reset", "earliest")
-            .set("session.timeout.ms", "10000")
             // Low latency: do not let the broker park fetches for long
             // (tansu answers a parked fetch only when it times out).
             .set("fetch.wait.max.ms", "10")
             .create()?;
-        consumer.subscribe(&[&cfg.topic])?;
         Ok(FencedConsumer {
             consumer,
             pool,
             cfg,
             counters: Arc::new(ConsumerCounters::default()),
+            positions: std::sync::Mutex::new(HashMap::new()),
         })
     }
 
@@ -93,36 +123,142 @@ impl FencedConsumer {
         self.counters.clone()
     }
 
-    /// Consumes until `shutdown`, then commits the stored offsets.
+    /// Assigns every partition of the topic, each from the offset stored in
+    /// the consumer's database (or the beginning). Waits (with backoff) for
+    /// the topic to exist and the broker to answer. Answers the partition
+    /// count, or `None` on shutdown.
+    pub async fn assign(&self, shutdown: &CancellationToken) -> Result<Option<usize>, sqlx::Error> {
+        let mut delay = Duration::from_millis(200);
+        loop {
+            match self.try_assign().await {
+                Ok(n) if n > 0 => return Ok(Some(n)),
+                Ok(_) => tracing::info!(
+                    "consumer: topic {} has no partitions yet; waiting",
+                    self.cfg.topic
+                ),
+                Err(AssignError::Db(e)) => {
+                    tracing::warn!("consumer: reading offsets: {e}; retrying in {delay:?}")
+                }
+                Err(AssignError::Kafka(e)) => tracing::warn!("consumer: broker: {e}; retrying in {delay:?}"),
+            }
+            tokio::select! { _ = shutdown.cancelled() => return Ok(None), _ = tokio::time::sleep(delay) => {} }
+            delay = (delay * 2).min(Duration::from_secs(5));
+        }
+    }
+
+    async fn try_assign(&self) -> Result<usize, AssignError> {
+        let stored: std::collections::HashMap<i32, i64> =
+            crate::fence::offsets(&self.pool, &self.cfg.group, &self.cfg.topic)
+                .await
+                .map_err(AssignError::Db)?
+                .into_iter()
+                .collect();
+        let meta = self
+            .consumer
+            .fetch_metadata(Some(&self.cfg.topic), Duration::from_secs(5))
+            .map_err(AssignError::Kafka)?;
+        let mut tpl = TopicPartitionList::new();
+        let mut positions = HashMap::new();
+        for t in meta.topics().iter().filter(|t| t.error().is_none()) {
+            for p in t.partitions() {
+                let next = stored.get(&p.id()).copied().unwrap_or(0);
+                let from = if next > REWIND {
+                    Offset::Offset(next - REWIND)
+                } else {
+                    Offset::Beginning
+                };
+                tpl.add_partition_offset(&self.cfg.topic, p.id(), from)
+                    .map_err(AssignError::Kafka)?;
+                positions.insert(p.id(), (next, next <= REWIND));
+            }
+        }
+        *self.positions.lock().expect("positions") = positions;
+        let n = tpl.count();
+        if n > 0 {
+            self.consumer.assign(&tpl).map_err(AssignError::Kafka)?;
+        }
+        Ok(n)
+    }
+
+    /// Consumes until `shutdown`.
     pub async fn run<H: EventHandler>(
         &self,
         handler: &H,
         shutdown: CancellationToken,
     ) -> Result<(), sqlx::Error> {
+        if self.assign(&shutdown).await?.is_none() {
+            return Ok(());
+        }
         loop {
             let msg = tokio::select! {
                 _ = shutdown.cancelled() => break,
                 m = self.consumer.recv() => m,
             };
             match msg {
-                Ok(m) => {
-                    self.process(&m, handler, &shutdown).await?;
-                }
+                Ok(m) => match self.position(m.partition(), m.offset()) {
+                    Position::Behind => {}
+                    Position::Next => {
+                        self.process(&m, handler, &shutdown).await?;
+                        self.passed(m.partition(), m.offset());
+                    }
+                    Position::Gap(next) => self.rewind(m.partition(), next, m.offset()),
+                },
                 Err(e) => {
                     tracing::warn!("consumer: {e}; retrying");
                     tokio::select! { _ = shutdown.cancelled() => break, _ = tokio::time::sleep(Duration::from_millis(500)) => {} }
                 }
             }
         }
-        if let Err(e) = self.consumer.commit_consumer_state(CommitMode::Sync) {
-            tracing::info!("consumer: final offset commit: {e}");
-        }
         Ok(())
     }
 
-    /// One message: fence and effect in one transaction, then the offset.
-    /// A database error is retried (the message is fine; the database is
-    /// not); it never skips the message.
+    fn position(&self, partition: i32, offset: i64) -> Position {
+        let positions = self.positions.lock().expect("positions");
+        match positions.get(&partition) {
+            Some((next, _)) if offset < *next => Position::Behind,
+            Some((next, false)) if offset > *next => Position::Gap(*next),
+            _ => Position::Next,
+        }
+    }
+
+    fn passed(&self, partition: i32, offset: i64) {
+        let mut positions = self.positions.lock().expect("positions");
+        let e = positions.entry(partition).or_insert((0, true));
+        e.0 = e.0.max(offset + 1);
+    }
+
+    /// The broker skipped from `next` to `got`: read the partition again
+    /// from its beginning, once (what was applied is skipped in memory). If
+    /// the offsets are missing even then, they are a real gap and the
+    /// consumer goes on past them.
+    fn rewind(&self, partition: i32, next: i64, got: i64) {
+        tracing::warn!(
+            partition,
+            next,
+            got,
+            "consumer: the broker skipped offsets; re-reading the partition from its beginning"
+        );
+        self.positions
+            .lock()
+            .expect("positions")
+            .insert(partition, (next, true));
+        if let Err(e) = self.consumer.seek(
+            &self.cfg.topic,
+            partition,
+            Offset::Beginning,
+            Duration::from_secs(10),
+        ) {
+            tracing::warn!(partition, "consumer: seek failed ({e}); reassigning");
+            self.positions
+                .lock()
+                .expect("positions")
+                .insert(partition, (next, false));
+        }
+    }
+
+    /// One message: offset, fence and effect in one transaction. A database
+    /// error is retried (the message is fine; the database is not); it never
+    /// skips the message.
     pub async fn process<H: EventHandler>(
         &self,
         m: &BorrowedMessage<'_>,
@@ -132,12 +268,7 @@ impl FencedConsumer {
         let mut delay = Duration::from_millis(100);
         loop {
             match self.try_process(m, handler).await {
-                Ok(o) => {
-                    if let Err(e) = self.consumer.store_offset_from_message(m) {
-                        tracing::warn!("consumer: storing offset: {e}");
-                    }
-                    return Ok(o);
-                }
+                Ok(o) => return Ok(o),
                 Err(e) if shutdown.is_cancelled() => return Err(e),
                 Err(e) => {
                     tracing::warn!("consumer: database error ({e}); retrying the same message in {delay:?}");
@@ -154,7 +285,17 @@ impl FencedConsumer {
         handler: &H,
     ) -> Result<Outcome, sqlx::Error> {
         let mut tx = self.pool.begin().await?;
+        let passed =
+            crate::fence::pass_offset(&mut tx, &self.cfg.group, m.topic(), m.partition(), m.offset()).await?;
         let outcome = match decode(m) {
+            _ if !passed => {
+                tracing::info!(
+                    partition = m.partition(),
+                    offset = m.offset(),
+                    "consumer: offset already applied; skipping the redelivery"
+                );
+                Outcome::Redelivered
+            }
             Err(e) => {
                 let headers = headers_json(m);
                 fence::dead_letter(
@@ -199,11 +340,18 @@ impl FencedConsumer {
             Outcome::Duplicate => (&c.duplicates, "duplicate"),
             Outcome::Stale => (&c.stale, "stale"),
             Outcome::DeadLettered => (&c.dead_lettered, "dead_lettered"),
+            Outcome::Redelivered => (&c.redelivered, "redelivered"),
         };
         counter.fetch_add(1, Ordering::Relaxed);
         metrics::counter!("jobledger_consumer_messages_total", "outcome" => name).increment(1);
         Ok(outcome)
     }
+}
+
+#[derive(Debug)]
+enum AssignError {
+    Db(sqlx::Error),
+    Kafka(rdkafka::error::KafkaError),
 }
 
 fn headers_json(m: &BorrowedMessage<'_>) -> Value {

@@ -42,6 +42,42 @@ pub async fn current(
         .await
 }
 
+/// Moves (group, topic, partition) past `offset` unless something already
+/// did; returns whether this call moved it. A message whose offset is
+/// already passed was applied before (a redelivery after a crash or a
+/// second instance): the caller rolls back.
+pub async fn pass_offset(
+    conn: &mut PgConnection,
+    group: &str,
+    topic: &str,
+    partition: i32,
+    offset: i64,
+) -> Result<bool, sqlx::Error> {
+    let moved: Option<i32> = sqlx::query_scalar(
+        "INSERT INTO jobledger_consumer.offsets (grp, topic, partition, next_offset) VALUES ($1, $2, $3, $4 + 1) \
+         ON CONFLICT (grp, topic, partition) DO UPDATE SET next_offset = EXCLUDED.next_offset, updated_at = now() \
+         WHERE offsets.next_offset <= $4 RETURNING 1",
+    )
+    .bind(group)
+    .bind(topic)
+    .bind(partition)
+    .bind(offset)
+    .fetch_optional(conn)
+    .await?;
+    Ok(moved.is_some())
+}
+
+/// The next offset to apply, per partition, for (group, topic).
+pub async fn offsets(pool: &sqlx::PgPool, group: &str, topic: &str) -> Result<Vec<(i32, i64)>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT partition, next_offset FROM jobledger_consumer.offsets WHERE grp = $1 AND topic = $2",
+    )
+    .bind(group)
+    .bind(topic)
+    .fetch_all(pool)
+    .await
+}
+
 #[allow(clippy::too_many_arguments)]
 pub async fn dead_letter(
     conn: &mut PgConnection,

@@ -72,6 +72,9 @@ pub trait LogSource: Send + Sync {
         after: Checkpoint,
         limit: i64,
     ) -> BoxFuture<'_, Result<(Vec<Event>, Checkpoint), ProjectionError>>;
+    /// Whether committed events lie past `after` that `read` may not hand
+    /// out yet (an open transaction holds the horizon back).
+    fn behind(&self, after: Checkpoint) -> BoxFuture<'_, Result<bool, ProjectionError>>;
 }
 
 /// A read model. Table names are chosen by the runner (`<name>_v<version>`).

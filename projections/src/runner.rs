@@ -170,7 +170,10 @@ impl<'a> Runner<'a> {
         Ok(e.building_version)
     }
 
-    /// Runs steps until the serving table (and any rebuild) has caught up.
+    /// Runs steps until the serving table (and any rebuild) has applied
+    /// every event committed before the call. An empty batch alone is not
+    /// enough: while an open transaction (anywhere in the cluster) holds the
+    /// snapshot horizon back, later commits wait behind it, and so does this.
     pub async fn catch_up(&self, versions: &[&dyn Projection]) -> Result<Step, ProjectionError> {
         let mut total = Step::default();
         loop {
@@ -179,7 +182,14 @@ impl<'a> Runner<'a> {
             total.rebuilt += s.rebuilt;
             total.switched_to = total.switched_to.or(s.switched_to);
             if s.applied == 0 && s.rebuilt == 0 && s.switched_to.is_none() {
-                return Ok(total);
+                let name = versions.first().map(|p| p.name()).unwrap_or_default();
+                let e = self.entry(name).await?;
+                // Code older than the serving version never advances it.
+                let serves = versions.iter().any(|p| p.version() == e.version);
+                if !serves || !self.log.behind(e.checkpoint()).await? {
+                    return Ok(total);
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
             }
         }
     }

@@ -277,6 +277,13 @@ pub enum Cmd {
         batch: i64,
         #[arg(long)]
         metrics_addr: Option<std::net::SocketAddr>,
+        /// The relay lease: how long a relay that died holds up its successor.
+        #[arg(long, value_parser = parse::lease, default_value = "15s")]
+        lease: std::time::Duration,
+        /// How long the producer keeps retrying a message before the relay
+        /// rebuilds it and resumes from the checkpoint.
+        #[arg(long, value_parser = parse::lease, default_value = "10s")]
+        message_timeout: std::time::Duration,
     },
     /// Run a shipped fenced consumer: status-mirror or audit-log.
     Consume {
@@ -352,6 +359,22 @@ pub enum Cmd {
         brokers: String,
     },
     /// The main job end to end: enqueue, work, stall, take over, reconcile.
+    /// Randomised run under faults, then an invariant checker (docs/reliability.md).
+    Chaos(crate::cli::chaos::ChaosArgs),
+    /// One worker process of a chaos run (started by `chaos`).
+    #[command(hide = true)]
+    ChaosWorker {
+        #[arg(long)]
+        provider: String,
+        #[arg(long)]
+        name: String,
+        #[arg(long, value_parser = parse::lease, default_value = "2s")]
+        lease: std::time::Duration,
+        #[arg(long, default_value_t = 8)]
+        concurrency: usize,
+        #[arg(long)]
+        careless: bool,
+    },
     Demo {
         #[arg(long, default_value_t = 300)]
         jobs: usize,

@@ -97,13 +97,13 @@ pub async fn run(args: BenchArgs) -> Result<i32> {
     result.map(|_| 0)
 }
 
-fn with_database(url: &str, name: &str) -> Result<String> {
+pub fn with_database(url: &str, name: &str) -> Result<String> {
     let mut u = url::Url::parse(url).context("database url")?;
     u.set_path(&format!("/{name}"));
     Ok(u.to_string())
 }
 
-async fn drop_database(url: &str, name: &str) {
+pub async fn drop_database(url: &str, name: &str) {
     let Ok(admin_url) = with_database(url, "postgres") else {
         return;
     };

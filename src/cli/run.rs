@@ -100,9 +100,19 @@ pub async fn run(cli: Cli) -> Result<i32> {
     {
         return super::demo::run(&cli.database_url, *jobs, *workers, brokers).await;
     }
+    if let Cmd::Chaos(args) = &cli.command {
+        return super::chaos::run(&cli.database_url, args).await;
+    }
     let ledger = connect(&cli).await?;
     match &cli.command {
-        Cmd::Migrate | Cmd::Demo { .. } | Cmd::Bench { .. } => unreachable!("handled above"),
+        Cmd::Migrate | Cmd::Demo { .. } | Cmd::Bench { .. } | Cmd::Chaos(_) => unreachable!("handled above"),
+        Cmd::ChaosWorker {
+            provider,
+            name,
+            lease,
+            concurrency,
+            careless,
+        } => super::chaos::worker::run(ledger, provider, name, *lease, *concurrency, *careless).await,
         Cmd::Enqueue {
             queue,
             kind,
@@ -250,6 +260,8 @@ pub async fn run(cli: Cli) -> Result<i32> {
             partitions,
             batch,
             metrics_addr,
+            lease,
+            message_timeout,
         } => {
             if let Some(addr) = metrics_addr {
                 jobledger::worker::metrics::serve_prometheus(*addr).map_err(anyhow::Error::msg)?;
@@ -257,6 +269,8 @@ pub async fn run(cli: Cli) -> Result<i32> {
             let mut cfg = jobledger::relay::RelayConfig::new(brokers, topic);
             cfg.partitions = *partitions;
             cfg.batch = *batch;
+            cfg.lease = *lease;
+            cfg.message_timeout = *message_timeout;
             let relay = jobledger::relay::Relay::new(ledger.clone(), cfg);
             let stop = tokio_util::sync::CancellationToken::new();
             jobledger::worker::cancel_on_signals(stop.clone());

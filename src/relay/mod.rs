@@ -232,7 +232,7 @@ impl Relay {
         &self,
         producer: &FutureProducer,
         events: &[crate::reader::LogEvent],
-    ) -> Result<Vec<rdkafka::producer::DeliveryFuture>, RelayError> {
+    ) -> Result<Vec<(i64, rdkafka::producer::DeliveryFuture)>, RelayError> {
         let mut ids: Vec<Uuid> = events.iter().map(|e| e.row.job_id).collect();
         ids.sort();
         ids.dedup();
@@ -260,7 +260,7 @@ impl Relay {
             loop {
                 match producer.send_result(record) {
                     Ok(f) => {
-                        pending.push(f);
+                        pending.push((e.position, f));
                         break;
                     }
                     Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r)) => {
@@ -279,11 +279,18 @@ impl Relay {
     async fn acks(
         &self,
         producer: &FutureProducer,
-        pending: Vec<rdkafka::producer::DeliveryFuture>,
+        pending: Vec<(i64, rdkafka::producer::DeliveryFuture)>,
     ) -> Result<(), RelayError> {
-        for f in pending {
+        for (position, f) in pending {
             match f.await {
-                Ok(Ok(_)) => {}
+                Ok(Ok(d)) => {
+                    tracing::trace!(
+                        position,
+                        partition = d.partition,
+                        offset = d.offset,
+                        "relay: acknowledged"
+                    )
+                }
                 Ok(Err((e, _))) => {
                     if let Some((code, reason)) = producer.client().fatal_error() {
                         return Err(RelayError::Delivery(format!(

@@ -4,6 +4,7 @@
 //! connection, or the caller's transaction); functions that need a row lock
 //! take `&mut PgConnection`, which a caller's `Transaction` derefs to.
 
+pub mod audit;
 pub mod columns;
 pub mod events;
 pub mod jobs;

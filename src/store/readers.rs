@@ -176,6 +176,18 @@ pub async fn pending_predecessors(
         .await?)
 }
 
+/// Whether any committed event lies past the checkpoint, whether or not the
+/// snapshot horizon lets a reader hand it out yet.
+pub async fn any_after<'e>(exec: impl PgExecutor<'e>, txid: i64, position: i64) -> StoreResult<bool> {
+    Ok(sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM jobledger.events WHERE (txid, position) > ($1::text::xid8, $2))",
+    )
+    .bind(txid)
+    .bind(position)
+    .fetch_one(exec)
+    .await?)
+}
+
 /// How far behind a checkpoint is: events not yet passed, the age of the
 /// oldest of them, and the current snapshot horizon.
 pub async fn lag<'e>(

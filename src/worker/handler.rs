@@ -1,5 +1,6 @@
 //! What a handler sees (`JobContext`) and what it answers (`HandlerOutcome`).
 
+use chrono::{DateTime, Utc};
 use serde_json::Value;
 use sqlx::{PgConnection, PgPool};
 use std::future::Future;
@@ -163,13 +164,18 @@ impl JobContext {
 
     /// A step boundary: records progress (and extends the lease), or says
     /// why the handler must stop before its next side effect.
-    pub async fn step(&self, name: &str) -> Result<(), Stop> {
+    ///
+    /// On success it answers the lease end this write set (database clock).
+    /// No takeover can happen before it, so it is the deadline to hand an
+    /// outside call: a provider that refuses work past its deadline can never
+    /// execute a frozen worker's call after a successor reconciled.
+    pub async fn step(&self, name: &str) -> Result<Option<DateTime<Utc>>, Stop> {
         if self.signal.reason() == Some(StopReason::LeaseLost) {
             return Err(Stop::LeaseLost);
         }
         let r = self.lease.progress(name, Some(self.lease_len)).await?;
         match r.outcome {
-            Outcome::Committed | Outcome::AlreadyCommitted => Ok(()),
+            Outcome::Committed | Outcome::AlreadyCommitted => Ok(r.job.as_ref().and_then(|j| j.lease_until)),
             _ if r
                 .job
                 .as_ref()

@@ -1,0 +1,75 @@
+//! `jobledger chaos --quick` in the suite: the real binary, worker
+//! processes killed and frozen, the relay restarted, the mirror consumer
+//! killed, a private broker frozen, PostgreSQL restarted; then the checker.
+//! And the same run with careless workers must fail: the checker is not a
+//! test that cannot fail.
+//!
+//! Their own test binary, and one run at a time: the PostgreSQL restart
+//! drops every connection of the cluster, so nothing else may run beside it
+//! (cargo runs test binaries one after another).
+
+mod common;
+
+use serde_json::Value;
+use std::process::Command;
+
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn chaos(args: &[&str]) -> (i32, Value, String) {
+    let _serial = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let db = format!("jlt_chaos_{}", uuid::Uuid::new_v4().simple());
+    let out = Command::new(env!("CARGO_BIN_EXE_jobledger"))
+        .args(["--database-url", &format!("{}/postgres", common::server_url())])
+        .args(["chaos", "--quick", "--database", &db])
+        .args(args)
+        .output()
+        .expect("the binary runs");
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    let report = stdout
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find_map(|v| v.get("chaos").cloned())
+        .unwrap_or_else(|| panic!("no report; stderr:\n{stderr}"));
+    (out.status.code().unwrap_or(-1), report, stderr)
+}
+
+#[test]
+fn quick_chaos_run_keeps_every_promise() {
+    let (code, r, stderr) = chaos(&[]);
+    assert_eq!(r["violations"], serde_json::json!([]), "{stderr}");
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(r["checks"].as_array().unwrap().len(), 11);
+    let f = &r["faults"];
+    for (fault, at_least) in [
+        ("worker_kill9", 1),
+        ("worker_sigstop", 1),
+        ("relay_restart", 1),
+        ("mirror_kill9", 1),
+        ("broker_sigstop", 1),
+        ("pg_restart", 1),
+    ] {
+        assert!(f[fault].as_u64().unwrap() >= at_least, "{fault} injected: {f}");
+    }
+    assert_eq!(f["unexpected_exits"], 0);
+    let jobs: i64 = r["jobs"]
+        .as_object()
+        .unwrap()
+        .values()
+        .map(|v| v.as_i64().unwrap())
+        .sum();
+    assert_eq!(jobs, 1000);
+    assert_eq!(r["jobs_enqueued"], 1000);
+    assert!(r["kafka"]["messages"].as_u64().unwrap() >= r["events"].as_u64().unwrap());
+}
+
+#[test]
+fn careless_workers_are_caught() {
+    let (code, r, stderr) = chaos(&["--careless", "--no-pg-restart", "--jobs", "400", "--window", "8"]);
+    assert_eq!(code, 1, "{stderr}");
+    let violations = r["violations"].to_string();
+    assert!(
+        violations.contains("executed each job_key at most once"),
+        "double executions are reported: {violations}"
+    );
+}
