@@ -374,6 +374,51 @@ async fn bad_input_is_refused_clearly_and_changes_nothing() {
     );
 }
 
+/// Keys, kinds and payloads that look like SQL, or are deeply nested, are
+/// data: stored and shown exactly, or refused as bad input; never executed.
+#[tokio::test]
+async fn sql_looking_and_deeply_nested_input_is_just_data() {
+    let db = common::fresh().await;
+    let url = db.url.as_str();
+    let key = "k'); DROP TABLE jobledger.events; --";
+    let kind = "refund\" OR 1=1 --";
+    let payload = r#"{"note": "'; DELETE FROM jobledger.jobs; --", "q": "$1"}"#;
+    let e = jl(
+        url,
+        &[
+            "enqueue",
+            "--queue",
+            "q",
+            "--kind",
+            kind,
+            "--key",
+            key,
+            "--payload",
+            payload,
+        ],
+    );
+    assert_eq!(e.code, 0, "{}", e.stderr);
+    let job = e.json()["job_id"].as_str().unwrap().to_string();
+    let shown = jl(url, &["show", &job]).json();
+    assert_eq!(shown["key"], key);
+    assert_eq!(shown["kind"], kind);
+    assert_eq!(shown["payload"]["note"], "'; DELETE FROM jobledger.jobs; --");
+    assert_eq!(db.count("SELECT count(*) FROM jobledger.events").await, 1);
+
+    let deep = format!("{}1{}", "[".repeat(500), "]".repeat(500));
+    let r = jl(
+        url,
+        &["enqueue", "--queue", "q", "--kind", "k", "--payload", &deep],
+    );
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(r.stderr.contains("malformed JSON"), "{}", r.stderr);
+    assert_eq!(
+        db.count("SELECT count(*) FROM jobledger.jobs").await,
+        1,
+        "nothing else was written"
+    );
+}
+
 static LONG: std::sync::LazyLock<String> =
     std::sync::LazyLock::new(|| format!("{{\"blob\": \"{}\"}}", "x".repeat(200)));
 

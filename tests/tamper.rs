@@ -159,7 +159,7 @@ async fn verify_is_stable_for_awkward_json() {
     let db = fresh().await;
     let payload: serde_json::Value = serde_json::from_str(
         r#"{"z": -0.0, "big": 1e300, "tiny": 5e-324, "u": 18446744073709551615, "i": -9223372036854775808,
-            "frac": 0.1, "huge_int": 123456789012345678901234567890, "s": "tab\t \"q\" \\ \u00e9 \ud83d\ude00 <>&",
+            "frac": 0.1, "drift": -949675544961.4701, "sum": 0.30000000000000004, "max": 1.7976931348623157e308, "huge_int": 123456789012345678901234567890, "s": "tab\t \"q\" \\ \u00e9 \ud83d\ude00 <>&",
             "nested": {"b": [1, 2.50, {"y": null, "x": false}], "a": ""}}"#,
     )
     .unwrap();

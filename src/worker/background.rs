@@ -56,17 +56,25 @@ pub(crate) async fn listen(
         // A notification may have been missed while (re)connecting.
         wake.notify_one();
         loop {
+            // `try_recv`, not `recv`: it says when the connection dropped (a
+            // database restart), which `recv` would hide by reconnecting.
             let n = tokio::select! {
                 _ = stop.cancelled() => return,
-                n = listener.recv() => n,
+                n = listener.try_recv() => n,
             };
             match n {
-                Ok(n) if n.channel() == "jobledger_queued" => {
+                Ok(None) => {
+                    tracing::warn!(
+                        "lost the database connection (restart?); reconnecting, and polling for what was missed"
+                    );
+                    wake.notify_one();
+                }
+                Ok(Some(n)) if n.channel() == "jobledger_queued" => {
                     if queues.iter().any(|q| q == n.payload()) {
                         wake.notify_one();
                     }
                 }
-                Ok(n) => {
+                Ok(Some(n)) => {
                     if let Some(sig) = n.payload().parse().ok().and_then(|id| signal_of(&inflight, id)) {
                         sig.fire(StopReason::CancelRequested);
                     }

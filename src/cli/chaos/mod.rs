@@ -45,6 +45,10 @@ pub struct ChaosArgs {
     /// inspection). The mirror consumer uses `<name>_mirror`.
     #[arg(long, default_value = "jobledger_chaos")]
     pub database: String,
+    /// Broker storage: `sqlite` (durable; the broker is also killed and
+    /// restarted once) or `memory` [default: sqlite, or memory with --quick].
+    #[arg(long, value_parser = ["memory", "sqlite"])]
+    pub storage: Option<String>,
     /// Do not restart PostgreSQL (for a cluster this user cannot restart).
     #[arg(long)]
     pub no_pg_restart: bool,
@@ -85,8 +89,8 @@ impl Plan {
             lease_ms: 2_000,
             // Past the relay's message timeout (3s) and the clients' session timeouts.
             broker_stall_s: if a.quick { 5 } else { 15 },
-            durable_broker: !a.quick,
-            broker_restart: !a.quick,
+            durable_broker: a.storage.as_deref().map_or(!a.quick, |s| s == "sqlite"),
+            broker_restart: a.storage.as_deref().map_or(!a.quick, |s| s == "sqlite"),
             pg_restart: !a.no_pg_restart,
             careless: a.careless,
         }
@@ -105,6 +109,7 @@ pub struct Cluster {
 
 pub async fn run(base_url: &str, args: &ChaosArgs) -> Result<i32> {
     let plan = Plan::from(args);
+    procs::kill_children_on_signal();
     let run_id = format!("{}", chrono::Utc::now().format("%Y%m%dT%H%M%S"));
     let dir = std::fs::canonicalize(".")?.join(&args.dir).join(&run_id);
     std::fs::create_dir_all(&dir)?;

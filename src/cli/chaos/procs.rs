@@ -10,6 +10,28 @@ use std::process::Stdio;
 use std::time::Duration;
 use tokio::process::{Child, Command};
 
+/// Every child alive, so an interrupted run (SIGINT/SIGTERM of the
+/// orchestrator) takes them down with it instead of leaving them running.
+static ALIVE: std::sync::Mutex<Vec<i32>> = std::sync::Mutex::new(Vec::new());
+
+fn alive() -> std::sync::MutexGuard<'static, Vec<i32>> {
+    ALIVE.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// On SIGINT or SIGTERM: SIGKILL every child, then exit 130.
+pub fn kill_children_on_signal() {
+    let stop = tokio_util::sync::CancellationToken::new();
+    jobledger::worker::cancel_on_signals(stop.clone());
+    tokio::spawn(async move {
+        stop.cancelled().await;
+        for pid in alive().iter() {
+            let _ = kill(Pid::from_raw(*pid), Signal::SIGKILL);
+        }
+        eprintln!("chaos: interrupted; killed every child process");
+        std::process::exit(130);
+    });
+}
+
 /// A child process under chaos, restartable with the same command line.
 pub struct Proc {
     pub name: String,
@@ -53,6 +75,9 @@ impl Proc {
             .kill_on_drop(true)
             .spawn()
             .with_context(|| format!("starting {}", self.name))?;
+        if let Some(pid) = child.id() {
+            alive().push(pid as i32);
+        }
         self.child = Some(child);
         self.starts += 1;
         Ok(())
@@ -74,6 +99,7 @@ impl Proc {
     /// kill -9: no drain, no release; leases expire and get taken over.
     pub async fn kill9(&mut self) {
         if let Some(mut c) = self.child.take() {
+            forget(&c);
             let _ = c.start_kill();
             let _ = c.wait().await;
         }
@@ -84,6 +110,7 @@ impl Proc {
         self.signal(Signal::SIGCONT);
         self.signal(Signal::SIGTERM);
         if let Some(mut c) = self.child.take() {
+            forget(&c);
             if tokio::time::timeout(grace, c.wait()).await.is_err() {
                 let _ = c.start_kill();
                 let _ = c.wait().await;
@@ -93,11 +120,23 @@ impl Proc {
 
     /// Whether it died on its own (a crash loop would show here).
     pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
-        self.child.as_mut().and_then(|c| c.try_wait().ok().flatten())
+        let status = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten());
+        if status.is_some() {
+            if let Some(c) = self.child.take() {
+                forget(&c);
+            }
+        }
+        status
     }
 
     pub fn out_path(&self) -> PathBuf {
         self.log.with_extension("out")
+    }
+}
+
+fn forget(c: &Child) {
+    if let Some(pid) = c.id() {
+        alive().retain(|p| *p != pid as i32);
     }
 }
 
