@@ -1,20 +1,19 @@
-//! The relay and the fenced consumers against the real broker (tansu, via
-//! scripts/kafka-up): DESIGN.md scenarios 12 and 13, out-of-order commits,
-//! a relay killed between produce and checkpoint, a zombie relay, older
-//! generations after newer ones, poison messages.
+//! The relay and the shipped consumers against the real broker (tansu, via
+//! scripts/kafka-up): DESIGN.md scenario 12, out-of-order commits, a relay
+//! killed between produce and checkpoint, a zombie relay, the status mirror
+//! and the audit log. The consumer's own fencing is in tests/consumer.rs.
 
 mod common;
 
+use common::kafka::{brokers, consumer_db, fenced, relay_cfg, topic};
 use common::{eventually, fresh, new_job, TestDb};
 use jobledger::reader::LogReader;
 use jobledger::relay::{Relay, RelayConfig, RelayHooks};
 use jobledger::worker::BoxFuture;
 use jobledger_consumers::shipped::{AuditLog, StatusMirror};
-use jobledger_consumers::{ConsumerConfig, EventHandler, FencedConsumer};
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{Consumer, StreamConsumer};
-use rdkafka::message::{Header, Headers, Message, OwnedHeaders};
-use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::message::{Headers, Message};
 use serde_json::json;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -22,22 +21,6 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
-
-fn brokers() -> String {
-    std::env::var("JOBLEDGER_TEST_BROKERS").unwrap_or_else(|_| "127.0.0.1:9092".into())
-}
-
-fn topic() -> String {
-    format!("t-{}", Uuid::new_v4().simple())
-}
-
-fn relay_cfg(topic: &str) -> RelayConfig {
-    let mut c = RelayConfig::new(&brokers(), topic);
-    c.partitions = 3;
-    c.batch = 50;
-    c.poll = Duration::from_millis(50);
-    c
-}
 
 fn spawn_relay(
     db: &TestDb,
@@ -56,28 +39,6 @@ fn spawn_relay(
         tokio::spawn(async move { relay.run(s).await.unwrap() }),
         counters,
     )
-}
-
-/// A consumer database of its own.
-async fn consumer_db() -> sqlx::PgPool {
-    let url = format!("{}/jlt_{}", common::server_url(), Uuid::new_v4().simple());
-    jobledger::store::schema::create_database_if_missing(&jobledger::ledger::connect_options(&url).unwrap())
-        .await
-        .unwrap();
-    sqlx::postgres::PgPoolOptions::new()
-        .max_connections(4)
-        .connect(&url)
-        .await
-        .unwrap()
-}
-
-async fn fenced(topic: &str, pool: sqlx::PgPool) -> FencedConsumer {
-    let cfg = ConsumerConfig {
-        brokers: brokers(),
-        group: format!("g-{}", Uuid::new_v4().simple()),
-        topic: topic.into(),
-    };
-    FencedConsumer::new(cfg, pool).await.unwrap()
 }
 
 /// Every message of the topic: (key, version, job_id) in arrival order per
@@ -291,139 +252,6 @@ async fn a_zombie_relay_cannot_move_the_checkpoint() {
     assert_eq!(reader.checkpoint().await.unwrap(), batch.next);
 }
 
-async fn produce(p: &FutureProducer, topic: &str, key: &str, headers: &[(&str, &str)], body: &[u8]) {
-    let mut h = OwnedHeaders::new();
-    for (k, v) in headers {
-        h = h.insert(Header {
-            key: k,
-            value: Some(v.as_bytes()),
-        });
-    }
-    p.send(
-        FutureRecord::to(topic).key(key).payload(body).headers(h),
-        Duration::from_secs(10),
-    )
-    .await
-    .unwrap();
-}
-
-fn gen_headers<'a>(e: &'a str, t: &'a str, v: &'a str) -> Vec<(&'static str, &'a str)> {
-    vec![
-        ("schema", "1"),
-        ("epoch", e),
-        ("token", t),
-        ("version", v),
-        ("position", "1"),
-        ("type", "x"),
-    ]
-}
-
-fn body(job: &str, e: i64, t: i64, v: i64, state: &str) -> Vec<u8> {
-    serde_json::to_vec(
-        &json!({"job_id": job, "epoch": e, "token": t, "version": v, "to_state": state,
-                               "reason": "r", "queue": "q", "job_key": "refund-1"}),
-    )
-    .unwrap()
-}
-
-/// Counts what the handler applied, in order.
-struct Recorder(tokio::sync::Mutex<Vec<(i64, i64, i64)>>);
-impl EventHandler for Recorder {
-    fn handle<'a>(
-        &'a self,
-        _c: &'a mut sqlx::PgConnection,
-        e: &'a jobledger_consumers::JobEvent,
-    ) -> jobledger_consumers::consumer::HandlerFuture<'a> {
-        Box::pin(async move {
-            self.0.lock().await.push((e.epoch, e.token, e.version));
-            Ok(())
-        })
-    }
-}
-
-/// Scenario 13 and poison messages: an older (epoch, token) after a newer
-/// one is rejected and counted (a reused job_key's old lifecycle included);
-/// undecodable messages land in the dead-letter table and never stop it.
-#[tokio::test]
-async fn consumer_fencing_and_dead_letters() {
-    let topic = topic();
-    let admin_db = fresh().await; // creates the topic through a relay session
-    Relay::new(admin_db.ledger.clone(), relay_cfg(&topic))
-        .ensure_topic()
-        .await
-        .unwrap();
-    let p: FutureProducer = ClientConfig::new()
-        .set("bootstrap.servers", brokers())
-        .create()
-        .unwrap();
-    let (old, new) = (Uuid::now_v7().to_string(), Uuid::now_v7().to_string());
-    type Raw<'a> = (Vec<(&'a str, &'a str)>, Vec<u8>);
-    let msgs: Vec<Raw> = vec![
-        (gen_headers("5", "2", "3"), body(&old, 5, 2, 3, "leased")),
-        (gen_headers("5", "1", "2"), body(&old, 5, 1, 2, "leased")), // older token: stale
-        (gen_headers("5", "2", "3"), body(&old, 5, 2, 3, "leased")), // same: duplicate
-        (vec![("schema", "1")], b"{}".to_vec()),                     // missing headers
-        (gen_headers("5", "2", "4"), b"not json".to_vec()),          // not JSON
-        (
-            vec![
-                ("schema", "9"),
-                ("epoch", "5"),
-                ("token", "2"),
-                ("version", "5"),
-                ("position", "1"),
-                ("type", "x"),
-            ],
-            b"{}".to_vec(),
-        ),
-        (gen_headers("9", "0", "1"), body(&new, 9, 0, 1, "queued")), // key reused: new epoch applies
-        (gen_headers("5", "3", "6"), body(&old, 5, 3, 6, "succeeded")), // old lifecycle after new: stale
-        (gen_headers("9", "1", "2"), body(&new, 9, 1, 2, "leased")),
-    ];
-    for (h, b) in &msgs {
-        produce(&p, &topic, "refund-1", h, b).await;
-    }
-    let pool = consumer_db().await;
-    let consumer = fenced(&topic, pool.clone()).await;
-    let rec = Recorder(Default::default());
-    let c = consumer.counters();
-    let stop = CancellationToken::new();
-    let s = stop.clone();
-    let run = async {
-        consumer.run(&rec, s).await.unwrap();
-    };
-    let check = async {
-        eventually("all nine handled", || async {
-            let s = c.snapshot();
-            ["applied", "duplicates", "stale", "dead_lettered"]
-                .iter()
-                .map(|k| s[k].as_u64().unwrap())
-                .sum::<u64>()
-                >= 9
-        })
-        .await;
-        stop.cancel();
-    };
-    tokio::join!(run, check);
-    let s = c.snapshot();
-    assert_eq!(
-        s,
-        json!({"applied": 3, "duplicates": 1, "stale": 2, "dead_lettered": 3, "redelivered": 0})
-    );
-    assert_eq!(*rec.0.lock().await, vec![(5, 2, 3), (9, 0, 1), (9, 1, 2)]);
-    let dead: Vec<(String, Option<Vec<u8>>)> =
-        sqlx::query_as("SELECT error, payload FROM jobledger_consumer.dead_letters ORDER BY \"offset\"")
-            .fetch_all(&pool)
-            .await
-            .unwrap();
-    assert_eq!(dead.len(), 3);
-    assert!(dead[0].0.contains("missing header"));
-    assert!(
-        dead[1].0.contains("not a JSON") && dead[1].1.as_deref() == Some(&b"not json"[..]),
-        "raw bytes kept"
-    );
-    assert!(dead[2].0.contains("unknown schema version 9"));
-}
-
 /// The status mirror follows the ledger: after a relay run, it equals
 /// `jobledger.jobs` (state and version of every job).
 #[tokio::test]
@@ -544,86 +372,4 @@ async fn verify_checks_the_audit_log_against_the_chain() {
     let bad = verify();
     assert_eq!(bad.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&bad.stdout).contains("hash mismatch"));
-}
-
-/// A consumer that stopped in the middle of a record batch resumes with the
-/// rest of that batch (tansu answers a fetch from inside a batch with the
-/// next batch; the consumer reads from earlier and skips in memory), and a
-/// message whose offset is already recorded is never applied twice.
-#[tokio::test]
-async fn a_consumer_resumes_inside_a_record_batch() {
-    let topic = topic();
-    let admin_db = fresh().await;
-    let mut cfg = relay_cfg(&topic);
-    cfg.partitions = 1;
-    Relay::new(admin_db.ledger.clone(), cfg)
-        .ensure_topic()
-        .await
-        .unwrap();
-    // Ten sends in flight at once with a linger: one record batch.
-    let p: FutureProducer = ClientConfig::new()
-        .set("bootstrap.servers", brokers())
-        .set("linger.ms", "200")
-        .create()
-        .unwrap();
-    let job = Uuid::now_v7().to_string();
-    let sends: Vec<_> = (1..=10i64)
-        .map(|v| {
-            let (p, topic, job) = (p.clone(), topic.clone(), job.clone());
-            tokio::spawn(async move {
-                let (e, t, ver) = ("5".to_string(), "1".to_string(), v.to_string());
-                produce(
-                    &p,
-                    &topic,
-                    "refund-1",
-                    &gen_headers(&e, &t, &ver),
-                    &body(&job, 5, 1, v, "leased"),
-                )
-                .await;
-            })
-        })
-        .collect();
-    for s in sends {
-        s.await.unwrap();
-    }
-
-    let pool = consumer_db().await;
-    jobledger_consumers::schema::install(&pool).await.unwrap();
-    let group = format!("g-{}", Uuid::new_v4().simple());
-    sqlx::query(
-        "INSERT INTO jobledger_consumer.offsets (grp, topic, partition, next_offset) VALUES ($1, $2, 0, 5)",
-    )
-    .bind(&group)
-    .bind(&topic)
-    .execute(&pool)
-    .await
-    .unwrap();
-    let ccfg = ConsumerConfig {
-        brokers: brokers(),
-        group,
-        topic: topic.clone(),
-    };
-    let consumer = FencedConsumer::new(ccfg, pool.clone()).await.unwrap();
-    let rec = Recorder(Default::default());
-    let c = consumer.counters();
-    let stop = CancellationToken::new();
-    let s = stop.clone();
-    let run = async {
-        consumer.run(&rec, s).await.unwrap();
-    };
-    let check = async {
-        eventually("offsets 5..9 applied", || async {
-            c.snapshot()["applied"].as_u64() == Some(5)
-        })
-        .await;
-        stop.cancel();
-    };
-    tokio::join!(run, check);
-    let versions: Vec<i64> = rec.0.lock().await.iter().map(|(_, _, v)| *v).collect();
-    assert_eq!(
-        versions,
-        vec![6, 7, 8, 9, 10],
-        "the rest of the batch, once each, in order"
-    );
-    assert_eq!(c.snapshot()["redelivered"], json!(0));
 }

@@ -2,6 +2,8 @@
 //! move time by rewriting `lease_until` / `run_at` in the database.
 #![allow(dead_code)]
 
+pub mod kafka;
+
 use jobledger::domain::{NewJob, Policy};
 use jobledger::ledger::{Lease, Ledger};
 use serde_json::{json, Value};
