@@ -27,7 +27,7 @@ pub struct Report {
     pub takeovers: i64,
     pub rejected_writes: BTreeMap<String, i64>,
     pub reconciled_successes: u64,
-    pub executed_then_cancelled_after_lost_answer: u64,
+    pub executed_not_succeeded_after_lost_answer: u64,
     pub provider: ProviderStats,
     pub kafka: BTreeMap<String, u64>,
     pub consumers: Value,
@@ -272,7 +272,7 @@ pub async fn provider_agreement(ledger: &Ledger, provider: &Provider, r: &mut Re
                     r.reconciled_successes += 1;
                 }
             }
-            (_, Some(_)) if ambiguous.contains(&job_id) => r.executed_then_cancelled_after_lost_answer += 1,
+            (_, Some(_)) if ambiguous.contains(&job_id) => r.executed_not_succeeded_after_lost_answer += 1,
             (s, Some(e)) => disagreements.push(format!("{key}: {s} but executed as {}", e.refund_id)),
             _ => {}
         }
