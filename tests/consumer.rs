@@ -4,15 +4,15 @@
 
 mod common;
 
-use common::eventually;
 use common::fresh;
-use common::kafka::{body, brokers, consumer_db, fenced, gen_headers, produce, relay_cfg, topic, Recorder};
+use common::kafka::{
+    body, brokers, consume_until, consumer_db, fenced, gen_headers, produce, relay_cfg, topic, Recorder,
+};
 use jobledger::relay::Relay;
 use jobledger_consumers::{ConsumerConfig, FencedConsumer};
 use rdkafka::config::ClientConfig;
 use rdkafka::producer::FutureProducer;
 use serde_json::json;
-use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 /// Scenario 13 and poison messages: an older (epoch, token) after a newer
@@ -60,24 +60,14 @@ async fn consumer_fencing_and_dead_letters() {
     let consumer = fenced(&topic, pool.clone()).await;
     let rec = Recorder(Default::default());
     let c = consumer.counters();
-    let stop = CancellationToken::new();
-    let s = stop.clone();
-    let run = async {
-        consumer.run(&rec, s).await.unwrap();
-    };
-    let check = async {
-        eventually("all nine handled", || async {
-            let s = c.snapshot();
-            ["applied", "duplicates", "stale", "dead_lettered"]
-                .iter()
-                .map(|k| s[k].as_u64().unwrap())
-                .sum::<u64>()
-                >= 9
-        })
-        .await;
-        stop.cancel();
-    };
-    tokio::join!(run, check);
+    consume_until(&consumer, &rec, "all nine handled", |s| {
+        ["applied", "duplicates", "stale", "dead_lettered"]
+            .iter()
+            .map(|k| s[k].as_u64().unwrap())
+            .sum::<u64>()
+            >= 9
+    })
+    .await;
     let s = c.snapshot();
     assert_eq!(
         s,
@@ -158,19 +148,10 @@ async fn a_consumer_resumes_inside_a_record_batch() {
     let consumer = FencedConsumer::new(ccfg, pool.clone()).await.unwrap();
     let rec = Recorder(Default::default());
     let c = consumer.counters();
-    let stop = CancellationToken::new();
-    let s = stop.clone();
-    let run = async {
-        consumer.run(&rec, s).await.unwrap();
-    };
-    let check = async {
-        eventually("offsets 5..9 applied", || async {
-            c.snapshot()["applied"].as_u64() == Some(5)
-        })
-        .await;
-        stop.cancel();
-    };
-    tokio::join!(run, check);
+    consume_until(&consumer, &rec, "offsets 5..9 applied", |s| {
+        s["applied"].as_u64() == Some(5)
+    })
+    .await;
     let versions: Vec<i64> = rec.0.lock().await.iter().map(|(_, _, v)| *v).collect();
     assert_eq!(
         versions,

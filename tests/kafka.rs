@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::kafka::{brokers, consumer_db, fenced, relay_cfg, topic};
+use common::kafka::{brokers, consume_until, consumer_db, fenced, relay_cfg, topic};
 use common::{eventually, fresh, new_job, TestDb};
 use jobledger::reader::LogReader;
 use jobledger::relay::{Relay, RelayConfig, RelayHooks};
@@ -285,16 +285,10 @@ async fn status_mirror_equals_the_ledger() {
     .await;
     let pool = consumer_db().await;
     let consumer = fenced(&topic, pool.clone()).await;
-    let c = consumer.counters();
-    let cstop = CancellationToken::new();
-    let cs = cstop.clone();
-    let run = tokio::spawn(async move { consumer.run(&StatusMirror, cs).await.unwrap() });
-    eventually("mirrored", || async {
-        c.snapshot()["applied"].as_u64().unwrap() >= total
+    consume_until(&consumer, &StatusMirror, "mirrored", |s| {
+        s["applied"].as_u64().unwrap() >= total
     })
     .await;
-    cstop.cancel();
-    run.await.unwrap();
     let mirror = jobledger_consumers::shipped::mirror_rows(&pool).await.unwrap();
     let ledger: Vec<(Uuid, String, i64)> =
         sqlx::query_as("SELECT job_id, state, version FROM jobledger.jobs ORDER BY job_id")
@@ -333,16 +327,10 @@ async fn verify_checks_the_audit_log_against_the_chain() {
         .await
         .unwrap();
     let consumer = fenced(&topic, pool.clone()).await;
-    let c = consumer.counters();
-    let cstop = CancellationToken::new();
-    let cs = cstop.clone();
-    let run = tokio::spawn(async move { consumer.run(&AuditLog, cs).await.unwrap() });
-    eventually("copied", || async {
-        c.snapshot()["applied"].as_u64().unwrap() >= total
+    consume_until(&consumer, &AuditLog, "copied", |s| {
+        s["applied"].as_u64().unwrap() >= total
     })
     .await;
-    cstop.cancel();
-    run.await.unwrap();
     stop.cancel();
     relay.await.unwrap();
 

@@ -96,3 +96,25 @@ impl EventHandler for Recorder {
         })
     }
 }
+
+/// Runs `consumer` with `handler` until its counters satisfy `done`, then
+/// stops it and waits for it to return.
+pub async fn consume_until<H: EventHandler>(
+    consumer: &FencedConsumer,
+    handler: &H,
+    what: &str,
+    done: impl Fn(&serde_json::Value) -> bool,
+) {
+    let counters = consumer.counters();
+    let stop = tokio_util::sync::CancellationToken::new();
+    let run = async { consumer.run(handler, stop.clone()).await.unwrap() };
+    let check = async {
+        super::eventually(what, || {
+            let ok = done(&counters.snapshot());
+            async move { ok }
+        })
+        .await;
+        stop.cancel();
+    };
+    tokio::join!(run, check);
+}

@@ -116,7 +116,8 @@ where
     Ok(())
 }
 
-async fn mirror_pool(url: &str) -> Result<sqlx::PgPool> {
+/// The status mirror's database (the consumer created it).
+pub async fn mirror_pool(url: &str) -> Result<sqlx::PgPool> {
     sqlx::postgres::PgPoolOptions::new()
         .max_connections(2)
         .connect(url)
@@ -124,11 +125,9 @@ async fn mirror_pool(url: &str) -> Result<sqlx::PgPool> {
         .context("mirror database")
 }
 
-async fn mirror_matches(ledger: &Ledger, url: &str) -> Result<Vec<String>> {
-    let pool = mirror_pool(url).await?;
-    let mirror = jobledger_consumers::shipped::mirror_rows(&pool).await;
-    pool.close().await;
-    let mirror: HashMap<_, _> = mirror?.into_iter().map(|(j, s, v)| (j, (s, v))).collect();
+async fn mirror_matches(ledger: &Ledger, mirror: &sqlx::PgPool) -> Result<Vec<String>> {
+    let mirror = jobledger_consumers::shipped::mirror_rows(mirror).await?;
+    let mirror: HashMap<_, _> = mirror.into_iter().map(|(j, s, v)| (j, (s, v))).collect();
     let jobs = ledger.states_in(QUEUE).await?;
     let mut diff: Vec<String> = jobs
         .iter()
@@ -143,27 +142,28 @@ async fn mirror_matches(ledger: &Ledger, url: &str) -> Result<Vec<String>> {
 
 /// Waits for the jobs to settle, the relay to pass every event and the
 /// mirror to equal the ledger.
-pub async fn drain(ledger: &Ledger, relay_reader: &str, mirror_url: &str, within: Duration) -> Result<()> {
+pub async fn drain(
+    ledger: &Ledger,
+    relay_reader: &str,
+    mirror: &sqlx::PgPool,
+    within: Duration,
+) -> Result<()> {
     until("every job is terminal or explained", within, || async {
         audit::unexplained_jobs(ledger.pool())
             .await
             .is_ok_and(|u| u.is_empty())
     })
     .await?;
+    let relay = LogReader::open(ledger.pool().clone(), relay_reader).await?;
     until("the relay has published every event", within, || async {
-        match LogReader::open(ledger.pool().clone(), relay_reader).await {
-            Ok(r) => match r.checkpoint().await {
-                Ok(cp) => r.behind(cp).await.is_ok_and(|b| !b),
-                Err(_) => false,
-            },
+        match relay.checkpoint().await {
+            Ok(cp) => relay.behind(cp).await.is_ok_and(|b| !b),
             Err(_) => false,
         }
     })
     .await?;
     until("the status mirror equals the ledger", within, || async {
-        mirror_matches(ledger, mirror_url)
-            .await
-            .is_ok_and(|d| d.is_empty())
+        mirror_matches(ledger, mirror).await.is_ok_and(|d| d.is_empty())
     })
     .await
 }
@@ -281,8 +281,8 @@ pub async fn provider_agreement(ledger: &Ledger, provider: &Provider, r: &mut Re
     Ok(())
 }
 
-pub async fn mirror_equals_jobs(ledger: &Ledger, url: &str, r: &mut Report) -> Result<()> {
-    let diff = mirror_matches(ledger, url).await?;
+pub async fn mirror_equals_jobs(ledger: &Ledger, mirror: &sqlx::PgPool, r: &mut Report) -> Result<()> {
+    let diff = mirror_matches(ledger, mirror).await?;
     r.check("the status mirror equals jobledger.jobs", &diff);
     Ok(())
 }

@@ -235,7 +235,8 @@ pub async fn run(base_url: &str, args: &ChaosArgs) -> Result<i32> {
     );
 
     let drain = Duration::from_secs(if args.quick { 180 } else { 900 });
-    let drained = check::drain(&ledger, &relay_reader, &mirror_url, drain).await;
+    let mirror = check::mirror_pool(&mirror_url).await?;
+    let drained = check::drain(&ledger, &relay_reader, &mirror, drain).await;
     for w in &mut cluster.workers {
         w.stop(Duration::from_secs(10)).await;
     }
@@ -248,12 +249,13 @@ pub async fn run(base_url: &str, args: &ChaosArgs) -> Result<i32> {
     }
     check::ledger_invariants(&ledger, &enqueued, &mut report).await?;
     check::provider_agreement(&ledger, &provider, &mut report).await?;
-    check::mirror_equals_jobs(&ledger, &mirror_url, &mut report).await?;
+    check::mirror_equals_jobs(&ledger, &mirror, &mut report).await?;
     report.consumers = check::process_outputs(&cluster.mirror.out_path());
     report.workers = check::process_outputs_sum(cluster.workers.iter().map(|w| w.out_path()));
     kafka_check::every_event_in_order(&ledger, &brokers, &topic, &mut report).await?;
     cluster.broker.stop(Duration::from_secs(5)).await;
     stop.cancel();
+    mirror.close().await;
     ledger.pool().close().await;
 
     report.print();

@@ -40,7 +40,8 @@ pub struct Proc {
     dir: PathBuf,
     log: PathBuf,
     child: Option<Child>,
-    pub starts: u32,
+    /// Kept apart from `child`: tokio forgets a child's pid once it is reaped.
+    pid: Option<i32>,
 }
 
 impl Proc {
@@ -52,7 +53,7 @@ impl Proc {
             dir: dir.to_path_buf(),
             log: dir.join(format!("{name}.log")),
             child: None,
-            starts: 0,
+            pid: None,
         }
     }
 
@@ -75,19 +76,22 @@ impl Proc {
             .kill_on_drop(true)
             .spawn()
             .with_context(|| format!("starting {}", self.name))?;
-        if let Some(pid) = child.id() {
-            alive().push(pid as i32);
-        }
+        self.pid = child.id().map(|p| p as i32);
+        alive().extend(self.pid);
         self.child = Some(child);
-        self.starts += 1;
         Ok(())
     }
 
     pub fn pid(&self) -> Option<Pid> {
-        self.child
-            .as_ref()
-            .and_then(|c| c.id())
-            .map(|p| Pid::from_raw(p as i32))
+        self.pid.map(Pid::from_raw)
+    }
+
+    /// The child, no longer counted among the living.
+    fn take(&mut self) -> Option<Child> {
+        if let Some(pid) = self.pid.take() {
+            alive().retain(|p| *p != pid);
+        }
+        self.child.take()
     }
 
     pub fn signal(&self, sig: Signal) {
@@ -98,8 +102,7 @@ impl Proc {
 
     /// kill -9: no drain, no release; leases expire and get taken over.
     pub async fn kill9(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            forget(&c);
+        if let Some(mut c) = self.take() {
             let _ = c.start_kill();
             let _ = c.wait().await;
         }
@@ -109,8 +112,7 @@ impl Proc {
     pub async fn stop(&mut self, grace: Duration) {
         self.signal(Signal::SIGCONT);
         self.signal(Signal::SIGTERM);
-        if let Some(mut c) = self.child.take() {
-            forget(&c);
+        if let Some(mut c) = self.take() {
             if tokio::time::timeout(grace, c.wait()).await.is_err() {
                 let _ = c.start_kill();
                 let _ = c.wait().await;
@@ -122,21 +124,13 @@ impl Proc {
     pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
         let status = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten());
         if status.is_some() {
-            if let Some(c) = self.child.take() {
-                forget(&c);
-            }
+            self.take();
         }
         status
     }
 
     pub fn out_path(&self) -> PathBuf {
         self.log.with_extension("out")
-    }
-}
-
-fn forget(c: &Child) {
-    if let Some(pid) = c.id() {
-        alive().retain(|p| *p != pid as i32);
     }
 }
 

@@ -232,7 +232,6 @@ impl Client {
         }
     }
 
-    #[allow(clippy::too_many_arguments)]
     pub async fn refund(
         &self,
         key: &str,
