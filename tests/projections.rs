@@ -12,6 +12,7 @@ use jobledger_projections::shipped::JobTimeline;
 use jobledger_projections::{BoxFuture, Event, Projection};
 use serde_json::json;
 use sqlx::PgConnection;
+use uuid::Uuid;
 
 async fn timeline_rows(db: &TestDb) -> i64 {
     db.count("SELECT count(*) FROM jobledger_proj.job_timeline").await
@@ -230,10 +231,15 @@ async fn jobs_rebuilt_equals_the_inline_projection() {
         "purges were replayed"
     );
 
-    sqlx::query("UPDATE jobledger.jobs SET attempt = attempt + 1 WHERE job_id = (SELECT job_id FROM jobledger.jobs LIMIT 1)")
-        .execute(db.ledger.pool())
+    let some: Uuid = sqlx::query_scalar("SELECT job_id FROM jobledger.jobs LIMIT 1")
+        .fetch_one(db.ledger.pool())
         .await
         .unwrap();
+    db.around_the_log(
+        "UPDATE jobledger.jobs SET attempt = attempt + 1 WHERE job_id = $1",
+        some,
+    )
+    .await;
     assert_eq!(db.ledger.compare_rebuilt().await.unwrap().len(), 1);
 }
 
@@ -351,4 +357,95 @@ async fn a_minimum_position_read_waits_or_says_pending() {
     });
     runner.catch_up(&[&JobTimeline]).await.unwrap();
     assert_eq!(waiting.await.unwrap(), Freshness::Reached);
+}
+
+/// A log source that stops after one read from `at` (the rebuild's first
+/// read) until the test opens the gate: runner A has read its batch but not
+/// yet written it.
+struct GatedLog<'a> {
+    inner: &'a LogReader,
+    at: jobledger_projections::Checkpoint,
+    read_done: tokio::sync::mpsc::Sender<()>,
+    gate: tokio::sync::Mutex<tokio::sync::mpsc::Receiver<()>>,
+    armed: std::sync::atomic::AtomicBool,
+}
+
+impl jobledger_projections::LogSource for GatedLog<'_> {
+    fn read(
+        &self,
+        after: jobledger_projections::Checkpoint,
+        limit: i64,
+    ) -> BoxFuture<
+        '_,
+        Result<(Vec<Event>, jobledger_projections::Checkpoint), jobledger_projections::ProjectionError>,
+    > {
+        Box::pin(async move {
+            let out = jobledger_projections::LogSource::read(self.inner, after, limit).await?;
+            if after == self.at && self.armed.swap(false, std::sync::atomic::Ordering::SeqCst) {
+                self.read_done.send(()).await.unwrap();
+                self.gate.lock().await.recv().await;
+            }
+            Ok(out)
+        })
+    }
+    fn behind(
+        &self,
+        after: jobledger_projections::Checkpoint,
+    ) -> BoxFuture<'_, Result<bool, jobledger_projections::ProjectionError>> {
+        jobledger_projections::LogSource::behind(self.inner, after)
+    }
+}
+
+/// Issue 9 item 2: runner A reads the rebuild's first batch; runner B steps
+/// the same rebuild meanwhile; A then finds the checkpoint moved. That lost
+/// race is not "caught up": A must not switch the view to the partly built
+/// table. The view never serves a table behind the one it replaced.
+#[tokio::test]
+async fn a_lost_race_never_switches_in_a_partial_rebuild() {
+    let db = fresh().await;
+    for i in 0..30 {
+        db.enqueue(Some(&format!("r{i}")), json!({ "i": i })).await;
+    }
+    let reader = LogReader::open(db.ledger.pool().clone(), "projections")
+        .await
+        .unwrap();
+    let b = Runner::new(db.ledger.pool().clone(), &reader, 10).await.unwrap();
+    b.catch_up(&[&JobTimeline]).await.unwrap();
+    assert_eq!(timeline_rows(&db).await, 30);
+    b.start_rebuild(&JobTimeline).await.unwrap();
+
+    let (read_done, mut at_gate) = tokio::sync::mpsc::channel(1);
+    let (open, gate) = tokio::sync::mpsc::channel(1);
+    let gated = GatedLog {
+        inner: &reader,
+        at: jobledger_projections::Checkpoint::default(),
+        read_done,
+        gate: tokio::sync::Mutex::new(gate),
+        armed: true.into(),
+    };
+    let a = Runner::new(db.ledger.pool().clone(), &gated, 10).await.unwrap();
+    let a_step = a.step(&[&JobTimeline]);
+    let b_moves = async {
+        at_gate.recv().await.unwrap(); // A holds its first rebuild batch
+        let s = b.step(&[&JobTimeline]).await.unwrap();
+        assert_eq!(
+            (s.rebuilt, s.switched_to),
+            (10, None),
+            "B built the first 10 of 30"
+        );
+        open.send(()).await.unwrap();
+    };
+    let (a_result, ()) = tokio::join!(a_step, b_moves);
+    let s = a_result.unwrap();
+    assert_eq!(s.rebuilt, 0, "A's batch would have applied twice: not applied");
+    assert_eq!(s.switched_to, None, "a lost race is not caught up: no switch");
+    assert_eq!(
+        timeline_rows(&db).await,
+        30,
+        "the view still serves the full table"
+    );
+
+    let done = b.catch_up(&[&JobTimeline]).await.unwrap();
+    assert_eq!(done.switched_to, Some(1));
+    assert_eq!(timeline_rows(&db).await, 30, "the rebuilt table is complete");
 }

@@ -14,6 +14,27 @@ pub struct Step {
     pub switched_to: Option<i32>,
 }
 
+/// What one `advance` found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Advanced {
+    /// Applied this many events and moved the checkpoint.
+    Applied(usize),
+    /// The read was empty: nothing below the horizon past the checkpoint.
+    Empty,
+    /// Another runner moved the checkpoint between our read and our write:
+    /// nothing was applied, and nothing is known about being caught up.
+    Raced,
+}
+
+impl Advanced {
+    fn count(self) -> usize {
+        match self {
+            Advanced::Applied(n) => n,
+            Advanced::Empty | Advanced::Raced => 0,
+        }
+    }
+}
+
 pub struct Runner<'a> {
     pool: PgPool,
     log: &'a dyn LogSource,
@@ -57,11 +78,15 @@ impl<'a> Runner<'a> {
         };
         let mut step = Step::default();
         if let Some(serving) = versions.iter().find(|p| p.version() == entry.version) {
-            step.applied = self.advance(*serving, &name, false).await?;
+            step.applied = self.advance(*serving, &name, false).await?.count();
         }
         if entry.building_table.is_some() {
-            step.rebuilt = self.advance(newest, &name, true).await?;
-            if step.rebuilt == 0 {
+            let built = self.advance(newest, &name, true).await?;
+            step.rebuilt = built.count();
+            // Only a genuinely empty read with nothing committed behind it
+            // says the rebuild caught up; a lost race (another runner moved
+            // the checkpoint) or a held-back horizon says nothing.
+            if built == Advanced::Empty {
                 step.switched_to = self.switch(&name).await?;
             }
         }
@@ -120,7 +145,7 @@ impl<'a> Runner<'a> {
         p: &dyn Projection,
         name: &str,
         building: bool,
-    ) -> Result<usize, ProjectionError> {
+    ) -> Result<Advanced, ProjectionError> {
         let before = self.entry(name).await?;
         let (from, table) = if building {
             (
@@ -132,7 +157,7 @@ impl<'a> Runner<'a> {
         };
         let (events, next) = self.log.read(from, self.batch).await?;
         if events.is_empty() {
-            return Ok(0);
+            return Ok(Advanced::Empty);
         }
         let mut tx = self.pool.begin().await?;
         let now = registry::lock(&mut tx, name)
@@ -144,17 +169,21 @@ impl<'a> Runner<'a> {
             now.checkpoint()
         };
         if current != from {
-            return Ok(0); // another runner moved it; our batch would apply twice
+            return Ok(Advanced::Raced); // another runner moved it; our batch would apply twice
         }
         p.apply(&mut tx, &format!("jobledger_proj.\"{table}\""), &events)
             .await?;
         registry::set_checkpoint(&mut tx, name, building, next).await?;
         tx.commit().await?;
-        Ok(events.len())
+        Ok(Advanced::Applied(events.len()))
     }
 
     /// The rebuilt table caught up with the live tail: the view moves to it
-    /// and the old table goes, in one transaction.
+    /// and the old table goes, in one transaction. Under the registry lock
+    /// (which every runner's write takes), and only when nothing committed
+    /// lies past the rebuild's checkpoint and the rebuild is not behind the
+    /// serving table: the view never serves a table behind the one it
+    /// replaced. Otherwise the next step tries again.
     async fn switch(&self, name: &str) -> Result<Option<i32>, ProjectionError> {
         let mut tx = self.pool.begin().await?;
         let Some(e) = registry::lock(&mut tx, name).await? else {
@@ -163,6 +192,9 @@ impl<'a> Runner<'a> {
         let Some(new_table) = e.building_table.clone() else {
             return Ok(None);
         };
+        if e.building_checkpoint() < e.checkpoint() || self.log.behind(e.building_checkpoint()).await? {
+            return Ok(None);
+        }
         registry::point_view(&mut tx, name, &new_table).await?;
         registry::promote(&mut tx, name).await?;
         registry::drop_table(&mut tx, &e.active_table).await?;
