@@ -160,3 +160,113 @@ async fn a_consumer_resumes_inside_a_record_batch() {
     );
     assert_eq!(c.snapshot()["redelivered"], json!(0));
 }
+
+/// A handler with a rule about the data: it refuses version 3 (a CHECK
+/// constraint in its own table) and its database is unreachable once, for
+/// version 2 (a transient failure).
+struct Picky {
+    failed_once: std::sync::atomic::AtomicBool,
+}
+
+impl jobledger_consumers::EventHandler for Picky {
+    fn handle<'a>(
+        &'a self,
+        conn: &'a mut sqlx::PgConnection,
+        e: &'a jobledger_consumers::JobEvent,
+    ) -> jobledger_consumers::consumer::HandlerFuture<'a> {
+        Box::pin(async move {
+            if e.version == 2 && !self.failed_once.swap(true, std::sync::atomic::Ordering::SeqCst) {
+                return Err(jobledger_consumers::HandlerError::Db(sqlx::Error::PoolTimedOut));
+            }
+            sqlx::query("INSERT INTO picky (job_id, version) VALUES ($1, $2)")
+                .bind(e.job_id)
+                .bind(e.version)
+                .execute(&mut *conn)
+                .await?;
+            Ok(jobledger_consumers::Handled::Applied)
+        })
+    }
+}
+
+/// Issue 9 item 3: a message whose body passes the header checks but has no
+/// usable job_id, and a message the handler's own rules refuse, are
+/// dead-lettered (with their raw bytes and the reason); a transient failure
+/// is retried; everything after them is applied and the consumer goes on.
+#[tokio::test]
+async fn poison_messages_are_dead_lettered_and_the_rest_is_applied() {
+    let topic = topic();
+    let admin_db = fresh().await;
+    Relay::new(admin_db.ledger.clone(), relay_cfg(&topic))
+        .ensure_topic()
+        .await
+        .unwrap();
+    let p: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", brokers())
+        .create()
+        .unwrap();
+    let job = Uuid::now_v7().to_string();
+    let without_id = {
+        let mut b: serde_json::Value = serde_json::from_slice(&body(&job, 5, 1, 2, "leased")).unwrap();
+        b.as_object_mut().unwrap().remove("job_id");
+        serde_json::to_vec(&b).unwrap()
+    };
+    let msgs: Vec<(Vec<(&str, &str)>, Vec<u8>)> = vec![
+        (gen_headers("5", "0", "1"), body(&job, 5, 0, 1, "queued")),
+        (gen_headers("5", "1", "2"), without_id),
+        (gen_headers("5", "1", "2"), body("not-a-uuid", 5, 1, 2, "leased")),
+        (gen_headers("5", "1", "2"), body(&job, 5, 1, 2, "leased")),
+        (gen_headers("5", "1", "3"), body(&job, 5, 1, 3, "leased")),
+        (gen_headers("5", "1", "4"), body(&job, 5, 1, 4, "succeeded")),
+    ];
+    for (h, b) in &msgs {
+        produce(&p, &topic, "refund-1", h, b).await;
+    }
+    let pool = consumer_db().await;
+    sqlx::query("CREATE TABLE picky (job_id uuid NOT NULL, version bigint NOT NULL CHECK (version <> 3))")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let consumer = fenced(&topic, pool.clone()).await;
+    let handler = Picky {
+        failed_once: Default::default(),
+    };
+    consume_until(&consumer, &handler, "all six handled", |s| {
+        s["applied"].as_u64().unwrap() + s["dead_lettered"].as_u64().unwrap() >= 6
+    })
+    .await;
+    assert_eq!(
+        consumer.counters().snapshot(),
+        json!({"applied": 3, "duplicates": 0, "stale": 0, "dead_lettered": 3, "redelivered": 0})
+    );
+    let applied: Vec<i64> = sqlx::query_scalar("SELECT version FROM picky ORDER BY version")
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+    assert_eq!(
+        applied,
+        vec![1, 2, 4],
+        "the transient failure was retried, the rest applied"
+    );
+    let dead: Vec<(i64, String, Option<Vec<u8>>)> = sqlx::query_as(
+        "SELECT \"offset\", error, payload FROM jobledger_consumer.dead_letters ORDER BY \"offset\"",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(dead.len(), 3, "{dead:?}");
+    assert!(
+        dead[0].1.contains("job_id") && dead[1].1.contains("job_id"),
+        "{dead:?}"
+    );
+    assert!(
+        dead[2].1.starts_with("handler:") && dead[2].1.contains("check"),
+        "{dead:?}"
+    );
+    assert_eq!(dead[2].2.as_deref(), Some(&msgs[4].1[..]), "raw bytes kept");
+    // The refused version 3 never raised the fence: version 4 applied after it.
+    let fence: (i64,) = sqlx::query_as("SELECT version FROM jobledger_consumer.fences")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(fence.0, 4);
+}

@@ -20,11 +20,71 @@ use tokio_util::sync::CancellationToken;
 use crate::decode::{decode, JobEvent};
 use crate::fence;
 
-pub type HandlerFuture<'a> = Pin<Box<dyn Future<Output = Result<(), sqlx::Error>> + Send + 'a>>;
+pub type HandlerFuture<'a> = Pin<Box<dyn Future<Output = Result<Handled, HandlerError>> + Send + 'a>>;
+
+/// What a handler did with an event.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Handled {
+    Applied,
+    /// An unfenced handler already held this event (a redelivery).
+    AlreadyRecorded,
+}
+
+/// Why a handler could not apply an event.
+#[derive(Debug, thiserror::Error)]
+pub enum HandlerError {
+    /// The event can never be applied (bad data for this handler): it goes
+    /// to the dead-letter table, and the consumer moves on.
+    #[error("{0}")]
+    Poison(String),
+    /// A database error: retried with backoff when it is about the database
+    /// (connection lost, shutting down, serialization failure, deadlock,
+    /// out of resources), dead-lettered when it is about the data (a
+    /// constraint, a bad value, anything else that would fail again).
+    #[error(transparent)]
+    Db(#[from] sqlx::Error),
+}
+
+impl HandlerError {
+    /// Whether the same message may succeed later.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            HandlerError::Poison(_) => false,
+            HandlerError::Db(e) => transient_db(e),
+        }
+    }
+}
+
+/// Connection trouble and the SQLSTATE classes that are about the server,
+/// not the statement: 08 connection, 40 rollback (serialization, deadlock),
+/// 53 insufficient resources, 55P03 lock not available, 57 operator
+/// intervention (shutdown, cancel), 58 system error.
+pub fn transient_db(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Database(d) => d
+            .code()
+            .is_some_and(|c| c == "55P03" || ["08", "40", "53", "57", "58"].iter().any(|p| c.starts_with(p))),
+        sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed => true,
+        _ => false,
+    }
+}
 
 /// The consumer's effect, run in the same transaction as the fence.
 pub trait EventHandler: Send + Sync {
     fn handle<'a>(&'a self, conn: &'a mut PgConnection, event: &'a JobEvent) -> HandlerFuture<'a>;
+
+    /// Whether the per-key staleness fence gates this handler (the default:
+    /// a read model of the latest state must never go back). A handler that
+    /// records every event by (job_id, version), such as an audit copy, says
+    /// false: it gets every event, in any order, and deduplicates itself;
+    /// a fence would turn any reordering into a permanent hole.
+    fn fenced(&self) -> bool {
+        true
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -256,9 +316,11 @@ impl FencedConsumer {
         }
     }
 
-    /// One message: offset, fence and effect in one transaction. A database
-    /// error is retried (the message is fine; the database is not); it never
-    /// skips the message.
+    /// One message: offset, fence and effect in one transaction. A
+    /// transient database error is retried (the message is fine; the
+    /// database is not); it never skips the message. A message the handler
+    /// can never apply is dead-lettered with its error, and the consumer
+    /// goes on.
     pub async fn process<H: EventHandler>(
         &self,
         m: &BorrowedMessage<'_>,
@@ -267,23 +329,67 @@ impl FencedConsumer {
     ) -> Result<Outcome, sqlx::Error> {
         let mut delay = Duration::from_millis(100);
         loop {
-            match self.try_process(m, handler).await {
+            let err = match self.try_process(m, handler).await {
                 Ok(o) => return Ok(o),
-                Err(e) if shutdown.is_cancelled() => return Err(e),
-                Err(e) => {
-                    tracing::warn!("consumer: database error ({e}); retrying the same message in {delay:?}");
-                    tokio::time::sleep(delay).await;
-                    delay = (delay * 2).min(Duration::from_secs(5));
+                Err(e) => e,
+            };
+            if !err.is_transient() {
+                tracing::warn!(
+                    partition = m.partition(),
+                    offset = m.offset(),
+                    "consumer: the handler cannot apply this message ({err}); dead-lettering it"
+                );
+                match self.dead_letter(m, &format!("handler: {err}")).await {
+                    Ok(o) => return Ok(o),
+                    Err(e) if shutdown.is_cancelled() => return Err(e),
+                    Err(e) => tracing::warn!("consumer: dead-lettering failed ({e}); retrying"),
                 }
+            } else if shutdown.is_cancelled() {
+                return Err(match err {
+                    HandlerError::Db(e) => e,
+                    HandlerError::Poison(p) => sqlx::Error::Protocol(p),
+                });
+            } else {
+                tracing::warn!("consumer: database error ({err}); retrying the same message in {delay:?}");
             }
+            tokio::time::sleep(delay).await;
+            delay = (delay * 2).min(Duration::from_secs(5));
         }
+    }
+
+    /// Passes the offset and keeps the message in the dead-letter table, in
+    /// one transaction (nothing of the failed attempt is kept).
+    async fn dead_letter(&self, m: &BorrowedMessage<'_>, error: &str) -> Result<Outcome, sqlx::Error> {
+        let mut tx = self.pool.begin().await?;
+        let passed =
+            crate::fence::pass_offset(&mut tx, &self.cfg.group, m.topic(), m.partition(), m.offset()).await?;
+        let outcome = if passed {
+            fence::dead_letter(
+                &mut tx,
+                &self.cfg.group,
+                m.topic(),
+                m.partition(),
+                m.offset(),
+                m.key(),
+                m.payload(),
+                &headers_json(m),
+                error,
+            )
+            .await?;
+            Outcome::DeadLettered
+        } else {
+            Outcome::Redelivered
+        };
+        tx.commit().await?;
+        self.count(outcome);
+        Ok(outcome)
     }
 
     async fn try_process<H: EventHandler>(
         &self,
         m: &BorrowedMessage<'_>,
         handler: &H,
-    ) -> Result<Outcome, sqlx::Error> {
+    ) -> Result<Outcome, HandlerError> {
         let mut tx = self.pool.begin().await?;
         let passed =
             crate::fence::pass_offset(&mut tx, &self.cfg.group, m.topic(), m.partition(), m.offset()).await?;
@@ -317,11 +423,17 @@ impl FencedConsumer {
                 );
                 Outcome::DeadLettered
             }
+            Ok(ev) if !handler.fenced() => match handler.handle(&mut tx, &ev).await? {
+                Handled::Applied => Outcome::Applied,
+                Handled::AlreadyRecorded => Outcome::Duplicate,
+            },
             Ok(ev) => {
                 let gen = (ev.epoch, ev.token, ev.version);
-                if fence::raise(&mut tx, &self.cfg.group, &ev.key, gen, ev.job_id()).await? {
-                    handler.handle(&mut tx, &ev).await?;
-                    Outcome::Applied
+                if fence::raise(&mut tx, &self.cfg.group, &ev.key, gen, Some(ev.job_id)).await? {
+                    match handler.handle(&mut tx, &ev).await? {
+                        Handled::Applied => Outcome::Applied,
+                        Handled::AlreadyRecorded => Outcome::Duplicate,
+                    }
                 } else {
                     let held = fence::current(&mut tx, &self.cfg.group, &ev.key).await?;
                     if held == Some(gen) {
@@ -334,6 +446,11 @@ impl FencedConsumer {
             }
         };
         tx.commit().await?;
+        self.count(outcome);
+        Ok(outcome)
+    }
+
+    fn count(&self, outcome: Outcome) {
         let c = &self.counters;
         let (counter, name) = match outcome {
             Outcome::Applied => (&c.applied, "applied"),
@@ -344,7 +461,6 @@ impl FencedConsumer {
         };
         counter.fetch_add(1, Ordering::Relaxed);
         metrics::counter!("jobledger_consumer_messages_total", "outcome" => name).increment(1);
-        Ok(outcome)
     }
 }
 

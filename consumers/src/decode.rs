@@ -5,16 +5,24 @@ use serde_json::Value;
 
 pub const SCHEMA: i64 = 1;
 
-/// One job event as the relay published it.
+/// One job event as the relay published it. Every field a handler relies
+/// on is checked at decode: a message that decodes can be applied (or is a
+/// deterministic handler failure, dead-lettered), never a poison that stops
+/// the consumer.
 #[derive(Debug, Clone)]
 pub struct JobEvent {
-    /// The message key: the job's `job_key`, else its `job_id`.
+    /// The message key: `<queue>/<job_key>` (queue percent-escaped) when the
+    /// job has a key, else its `job_id` (docs/log-reader.md).
     pub key: String,
+    pub job_id: uuid::Uuid,
     pub epoch: i64,
     pub token: i64,
     pub version: i64,
     pub position: i64,
     pub kind: String,
+    pub to_state: String,
+    pub reason: String,
+    pub hash: String,
     /// The whole event as JSON (job_id, states, reason, data, hash, ...).
     pub body: Value,
     pub partition: i32,
@@ -22,8 +30,8 @@ pub struct JobEvent {
 }
 
 impl JobEvent {
-    pub fn job_id(&self) -> Option<uuid::Uuid> {
-        self.body.get("job_id")?.as_str()?.parse().ok()
+    pub fn job_id(&self) -> uuid::Uuid {
+        self.job_id
     }
 }
 
@@ -45,6 +53,8 @@ pub enum DecodeError {
     NotJson(String),
     #[error("header {0} disagrees with the body")]
     Mismatch(&'static str),
+    #[error("body field {0} is missing or malformed")]
+    BadField(&'static str),
 }
 
 fn header(m: &BorrowedMessage<'_>, name: &'static str) -> Result<String, DecodeError> {
@@ -105,13 +115,58 @@ pub fn decode_parts(
             return Err(DecodeError::Mismatch(name));
         }
     }
+    if body.get("position").is_some_and(|p| p.as_i64() != Some(position)) {
+        return Err(DecodeError::Mismatch("position"));
+    }
+    if body
+        .get("type")
+        .is_some_and(|t| t.as_str() != Some(kind.as_str()))
+    {
+        return Err(DecodeError::Mismatch("type"));
+    }
+    if version < 1 {
+        return Err(DecodeError::BadField("version"));
+    }
+    if token < 0 {
+        return Err(DecodeError::BadField("token"));
+    }
+    let text = |name: &'static str| -> Result<String, DecodeError> {
+        match body.get(name).and_then(Value::as_str) {
+            Some(s) if !s.is_empty() && !s.contains('\0') => Ok(s.to_string()),
+            _ => Err(DecodeError::BadField(name)),
+        }
+    };
+    let job_id = text("job_id")?
+        .parse::<uuid::Uuid>()
+        .map_err(|_| DecodeError::BadField("job_id"))?;
+    let (to_state, reason, hash) = (text("to_state")?, text("reason")?, text("hash")?);
+    if let Some(t) = body.get("recorded_at") {
+        let ok = t
+            .as_str()
+            .is_some_and(|t| chrono::DateTime::parse_from_rfc3339(t).is_ok());
+        if !ok {
+            return Err(DecodeError::BadField("recorded_at"));
+        }
+    }
+    for optional in ["queue", "job_key"] {
+        if body
+            .get(optional)
+            .is_some_and(|v| !(v.is_null() || v.is_string()))
+        {
+            return Err(DecodeError::BadField(optional));
+        }
+    }
     Ok(JobEvent {
         key,
+        job_id,
         epoch,
         token,
         version,
         position,
         kind,
+        to_state,
+        reason,
+        hash,
         body,
         partition,
         offset,

@@ -14,5 +14,7 @@ pub mod fence;
 pub mod schema;
 pub mod shipped;
 
-pub use consumer::{ConsumerConfig, ConsumerCounters, EventHandler, FencedConsumer, Outcome};
+pub use consumer::{
+    ConsumerConfig, ConsumerCounters, EventHandler, FencedConsumer, Handled, HandlerError, Outcome,
+};
 pub use decode::{DecodeError, JobEvent, SCHEMA};

@@ -2,7 +2,7 @@
 
 use sqlx::{PgConnection, PgPool};
 
-use crate::consumer::{EventHandler, HandlerFuture};
+use crate::consumer::{EventHandler, Handled, HandlerFuture};
 use crate::decode::JobEvent;
 
 /// Every job's latest state, as a read model in the consumer's database.
@@ -25,11 +25,11 @@ impl EventHandler for StatusMirror {
                    position = EXCLUDED.position, updated_at = EXCLUDED.updated_at \
                  WHERE status_mirror.version < EXCLUDED.version",
             )
-            .bind(ev.job_id())
+            .bind(ev.job_id)
             .bind(s("job_key"))
             .bind(s("queue"))
-            .bind(s("to_state").unwrap_or_default())
-            .bind(s("reason").unwrap_or_default())
+            .bind(&ev.to_state)
+            .bind(&ev.reason)
             .bind(ev.epoch)
             .bind(ev.token)
             .bind(ev.version)
@@ -37,33 +37,45 @@ impl EventHandler for StatusMirror {
             .bind(at)
             .execute(&mut *conn)
             .await?;
-            Ok(())
+            Ok(Handled::Applied)
         })
     }
 }
 
 /// An append-only copy of every event with its hash (`jobledger verify
-/// --audit-log` checks it against the chain).
+/// --audit-log` checks it against the chain). Not behind the staleness
+/// fence: it records every `(job_id, version)` it has not recorded yet, in
+/// whatever order they arrive (a resend, a purged-and-reused key, a
+/// reordering upstream), so no delivery can leave a permanent hole.
 pub struct AuditLog;
 
 impl EventHandler for AuditLog {
     fn handle<'a>(&'a self, conn: &'a mut PgConnection, ev: &'a JobEvent) -> HandlerFuture<'a> {
         Box::pin(async move {
             let b = &ev.body;
-            sqlx::query(
+            let inserted = sqlx::query(
                 "INSERT INTO jobledger_consumer.audit_log (job_id, version, position, hash, prev_hash, body) \
                  VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (job_id, version) DO NOTHING",
             )
-            .bind(ev.job_id())
+            .bind(ev.job_id)
             .bind(ev.version)
             .bind(ev.position)
-            .bind(b.get("hash").and_then(|v| v.as_str()).unwrap_or_default())
+            .bind(&ev.hash)
             .bind(b.get("prev_hash").and_then(|v| v.as_str()))
             .bind(b)
             .execute(&mut *conn)
-            .await?;
-            Ok(())
+            .await?
+            .rows_affected();
+            Ok(if inserted == 1 {
+                Handled::Applied
+            } else {
+                Handled::AlreadyRecorded
+            })
         })
+    }
+
+    fn fenced(&self) -> bool {
+        false
     }
 }
 

@@ -4,6 +4,7 @@
 
 use jobledger_consumers::decode::{decode_parts, DecodeError};
 use proptest::prelude::*;
+use serde_json::json;
 use std::collections::HashMap;
 
 fn run(
@@ -56,8 +57,56 @@ fn invalid_utf8_and_wrong_shapes_are_precise_errors() {
         .map(|(k, v)| (k, v.to_string()))
         .collect()
     };
-    let body = br#"{"epoch": 5, "token": 2, "version": 3, "job_id": "x"}"#.to_vec();
+    let body = br#"{"epoch": 5, "token": 2, "version": 3, "position": 4, "type": "succeeded",
+        "job_id": "0192d1a2-0000-7000-8000-000000000001", "to_state": "succeeded", "reason": "completed",
+        "hash": "h", "recorded_at": "2026-12-01T00:00:00.000001Z", "queue": "q", "job_key": null}"#
+        .to_vec();
     assert_eq!(run(Some(b"k".to_vec()), Some(body.clone()), good("5")), Ok(()));
+    // Every field a handler relies on is checked here, so a message that
+    // decodes can be applied: none of these reaches a handler.
+    let full: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    for (field, bad) in [
+        ("job_id", serde_json::Value::Null),
+        ("job_id", json!("not-a-uuid")),
+        ("to_state", json!("")),
+        ("reason", json!(7)),
+        ("hash", serde_json::Value::Null),
+        ("recorded_at", json!("yesterday")),
+        ("queue", json!(["q"])),
+        ("to_state", json!("a\u{0}b")),
+    ] {
+        let mut b = full.clone();
+        b[field] = bad;
+        assert_eq!(
+            run(
+                Some(b"k".to_vec()),
+                Some(serde_json::to_vec(&b).unwrap()),
+                good("5")
+            ),
+            Err(DecodeError::BadField(field)),
+            "{field}"
+        );
+    }
+    let mut b = full.clone();
+    b.as_object_mut().unwrap().remove("job_id");
+    assert_eq!(
+        run(
+            Some(b"k".to_vec()),
+            Some(serde_json::to_vec(&b).unwrap()),
+            good("5")
+        ),
+        Err(DecodeError::BadField("job_id"))
+    );
+    let mut b = full.clone();
+    b["type"] = json!("claimed");
+    assert_eq!(
+        run(
+            Some(b"k".to_vec()),
+            Some(serde_json::to_vec(&b).unwrap()),
+            good("5")
+        ),
+        Err(DecodeError::Mismatch("type"))
+    );
     assert_eq!(
         run(Some(vec![0xff, 0xfe]), Some(body.clone()), good("5")),
         Err(DecodeError::KeyNotUtf8)

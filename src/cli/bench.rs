@@ -360,7 +360,7 @@ pub async fn end_to_end(
                 .lock()
                 .expect("stamps")
                 .insert(e.key.clone(), Instant::now());
-            Box::pin(async { Ok(()) })
+            Box::pin(async { Ok(jobledger_consumers::Handled::Applied) })
         }
     }
     let topic = format!("bench-e2e-{}", std::process::id());

@@ -73,10 +73,13 @@ pub fn gen_headers<'a>(e: &'a str, t: &'a str, v: &'a str) -> Vec<(&'static str,
     ]
 }
 
+/// A schema-1 body as the relay writes it (the fields the decoder checks).
 pub fn body(job: &str, e: i64, t: i64, v: i64, state: &str) -> Vec<u8> {
     serde_json::to_vec(
-        &json!({"job_id": job, "epoch": e, "token": t, "version": v, "to_state": state,
-                               "reason": "r", "queue": "q", "job_key": "refund-1"}),
+        &json!({"job_id": job, "epoch": e, "token": t, "version": v, "position": 1,
+                               "type": "x", "to_state": state, "reason": "r", "queue": "q",
+                               "job_key": "refund-1", "hash": format!("h{v}"),
+                               "recorded_at": "2026-12-01T00:00:00.000000Z"}),
     )
     .unwrap()
 }
@@ -92,7 +95,7 @@ impl EventHandler for Recorder {
     ) -> jobledger_consumers::consumer::HandlerFuture<'a> {
         Box::pin(async move {
             self.0.lock().await.push((e.epoch, e.token, e.version));
-            Ok(())
+            Ok(jobledger_consumers::Handled::Applied)
         })
     }
 }

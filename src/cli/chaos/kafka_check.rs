@@ -29,11 +29,7 @@ pub async fn every_event_in_order(ledger: &Ledger, brokers: &str, topic: &str, r
             .map(|e| {
                 format!(
                     "{}\t{}\t{}\t{}\t{}",
-                    e.partition,
-                    e.offset,
-                    e.job_id().unwrap_or_default(),
-                    e.version,
-                    e.key
+                    e.partition, e.offset, e.job_id, e.version, e.key
                 )
             })
             .collect();
@@ -44,13 +40,7 @@ pub async fn every_event_in_order(ledger: &Ledger, brokers: &str, topic: &str, r
     let mut seen: HashSet<(Uuid, i64)> = HashSet::new();
     let mut duplicates = 0u64;
     for ev in &read {
-        let Some(job_id) = ev.job_id() else {
-            problems.push(format!(
-                "message without a job id at {}:{}",
-                ev.partition, ev.offset
-            ));
-            continue;
-        };
+        let job_id = ev.job_id;
         let hash = ev.body["hash"].as_str().unwrap_or_default();
         if expected.get(&(job_id, ev.version)).map(String::as_str) != Some(hash) {
             problems.push(format!(
