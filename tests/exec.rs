@@ -180,3 +180,150 @@ async fn the_worker_binary_serves_metrics_and_stops_on_sigterm() {
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(report["succeeded"], 3);
 }
+
+/// Whether process `pid` is alive (exists and is not a zombie).
+fn alive(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            s.rsplit_once(')')
+                .map(|(_, rest)| rest.trim_start().chars().next())
+        })
+        .is_some_and(|state| state != Some('Z') && state != Some('X'))
+}
+
+/// Waits for `path` to hold a pid, and answers it.
+async fn pid_in(path: &std::path::Path) -> i32 {
+    eventually("the command wrote its pid", || async {
+        std::fs::read_to_string(path).is_ok_and(|s| s.trim().parse::<i32>().is_ok())
+    })
+    .await;
+    std::fs::read_to_string(path).unwrap().trim().parse().unwrap()
+}
+
+fn scratch(name: &str) -> std::path::PathBuf {
+    std::env::temp_dir().join(format!("jl-exec-{name}-{}", uuid::Uuid::new_v4()))
+}
+
+fn exec_worker(
+    db: &common::TestDb,
+    cmd: &str,
+) -> (
+    CancellationToken,
+    tokio::task::JoinHandle<jobledger::worker::WorkerReport>,
+) {
+    let w = Worker::builder(db.ledger.clone())
+        .queue("q")
+        .poll_every(Duration::from_millis(20))
+        .sweeper(None)
+        .drain_timeout(Duration::from_millis(300))
+        .heartbeat_every(Duration::from_millis(100))
+        .any_kind(exec_handler(cmd))
+        .build()
+        .unwrap();
+    let stop = CancellationToken::new();
+    let s = stop.clone();
+    (stop, tokio::spawn(async move { w.run(s).await.unwrap() }))
+}
+
+/// Issue 9 item 5: the command's child makes its side effect 1.5 s after it
+/// starts; the job is cancelled as soon as the child runs. Either the job is
+/// `cancelled` and the effect never appears (the child is gone), or the
+/// effect appears and the job is not `cancelled`. The cancel reaches the
+/// whole process group, so it is the first.
+#[tokio::test]
+async fn a_cancel_stops_the_commands_children_before_it_is_confirmed() {
+    let db = fresh().await;
+    let (pid_file, effect) = (scratch("pid"), scratch("effect"));
+    let cmd = format!(
+        "sh -c 'echo $$ > {pid}; sleep 1.5; echo effect >> {effect}'; true",
+        pid = pid_file.display(),
+        effect = effect.display()
+    );
+    let job = db.enqueue(None, json!({})).await;
+    let (stop, h) = exec_worker(&db, &cmd);
+    let child = pid_in(&pid_file).await;
+    db.ledger.cancel(job.job_id, None).await.unwrap();
+    eventually("the job ended", || async {
+        db.job(job.job_id).await.state.is_terminal()
+    })
+    .await;
+    let state = db.state_of(job.job_id).await;
+    // Decided by processes, not by time: once the child is gone, its effect
+    // can never appear.
+    assert_eq!(state, JobState::Cancelled);
+    assert!(!alive(child), "the child outlived a confirmed cancel");
+    assert!(
+        !effect.exists(),
+        "the side effect happened after the cancel was confirmed"
+    );
+    stop.cancel();
+    h.await.unwrap();
+    let _ = std::fs::remove_file(pid_file);
+}
+
+/// A child that ignores SIGTERM is killed after the grace period; nobody can
+/// say what it did, so the job is dead (`exec_group_killed`), never
+/// `cancelled`.
+#[tokio::test]
+async fn a_child_ignoring_sigterm_is_killed_and_the_cancel_is_not_confirmed() {
+    let db = fresh().await;
+    let pid_file = scratch("pid");
+    let cmd = format!(
+        "sh -c 'trap \"\" TERM; echo $$ > {pid}; while :; do sleep 0.05; done'; true",
+        pid = pid_file.display()
+    );
+    let job = db.enqueue(None, json!({})).await;
+    let (stop, h) = exec_worker(&db, &cmd);
+    let child = pid_in(&pid_file).await;
+    db.ledger.cancel(job.job_id, None).await.unwrap();
+    eventually("the job ended", || async {
+        db.job(job.job_id).await.state.is_terminal()
+    })
+    .await;
+    let j = db.job(job.job_id).await;
+    assert_eq!((j.state, j.reason), (JobState::Dead, Reason::PermanentError));
+    assert_eq!(j.last_error.unwrap().code, "exec_group_killed");
+    assert!(!alive(child));
+    stop.cancel();
+    h.await.unwrap();
+    let _ = std::fs::remove_file(pid_file);
+}
+
+/// A worker that stops while a command runs past its drain timeout leaves
+/// no process of the command behind (the handler is dropped: the group is
+/// killed), and a lost lease kills the group too.
+#[tokio::test]
+async fn shutdown_and_a_lost_lease_leave_no_process_behind() {
+    let db = fresh().await;
+    let pid_file = scratch("pid");
+    let cmd = format!(
+        "sh -c 'trap \"\" TERM; echo $$ > {pid}; while :; do sleep 0.05; done'; true",
+        pid = pid_file.display()
+    );
+    db.enqueue(None, json!({})).await;
+    let (stop, h) = exec_worker(&db, &cmd);
+    let child = pid_in(&pid_file).await;
+    stop.cancel();
+    h.await.unwrap();
+    assert!(!alive(child), "the command's child outlived the worker");
+
+    let _ = std::fs::remove_file(&pid_file);
+    let db = fresh().await;
+    let job = db.enqueue(None, json!({})).await;
+    let (stop, h) = exec_worker(&db, &cmd);
+    let child = pid_in(&pid_file).await;
+    // Another holder takes the job over: the worker's next heartbeat or
+    // step is refused and the command's group is killed.
+    db.expire_lease(job.job_id).await;
+    let (r, _) = db
+        .ledger
+        .claim_job(job.job_id, "thief", Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert!(r.committed());
+    eventually("the group is gone", || async { !alive(child) }).await;
+    stop.cancel();
+    h.await.unwrap();
+    let _ = std::fs::remove_file(pid_file);
+}
