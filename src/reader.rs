@@ -4,14 +4,17 @@
 //! skipped, and each job's versions come out in order without gaps;
 //! duplicates are allowed (a consumer drops them by version).
 //!
-//! Technique (docs/log-reader.md): follow `(txid, position)` only below
-//! `pg_snapshot_xmin` — every transaction with a smaller id has finished, so
-//! a slow transaction that took a smaller position can never commit behind
-//! the checkpoint. Because a transaction may take its xid before it locks a
-//! job and then append version n+1 with a smaller txid than version n's, the
-//! reader sorts each batch by (job, version) and, for a job whose first
-//! version in the batch is not 1, first hands out any predecessors the
-//! checkpoint has not passed yet (they come again later: duplicates).
+//! Technique (docs/log-reader.md): follow `(txid, position)` only below the
+//! log horizon (`jobledger.log_horizon()`: the oldest transaction still in
+//! progress that is not proven to belong to another database) — every
+//! transaction of this database with a smaller id has finished, so a slow
+//! transaction that took a smaller position can never commit behind the
+//! checkpoint. Because a transaction may take its xid before it locks a job
+//! and then append version n+1 with a smaller txid than version n's, a batch
+//! can hold a job's v1 and v3 while v2 comes later in txid order. So for
+//! every job in a batch the reader also hands out every version up to the
+//! job's highest one in the batch that the batch left out (it comes again
+//! later: a duplicate), and sorts the batch by (job, version).
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
@@ -56,7 +59,8 @@ pub struct Batch {
     pub events: Vec<LogEvent>,
     /// The checkpoint to store once `events` are handled.
     pub next: Checkpoint,
-    /// Predecessors handed out early (they will come again).
+    /// Versions handed out ahead of their place in txid order so that no
+    /// job's versions have a gap (they will come again: duplicates).
     pub early: usize,
 }
 
@@ -68,13 +72,20 @@ pub struct Lag {
     pub horizon_holder: Option<HorizonHolder>,
 }
 
+/// The transaction at the log horizon: an open session's transaction
+/// (`kind` "session", with its pid and query), a prepared transaction
+/// ("prepared", with its gid), or one that could not be attributed
+/// ("unknown": it ended a moment ago, or its owner is invisible to us).
 #[derive(Clone, Debug, Serialize)]
 pub struct HorizonHolder {
-    pub pid: i32,
+    pub kind: String,
+    pub xid: i64,
+    pub pid: Option<i32>,
     pub database: Option<String>,
-    pub open_seconds: f64,
+    pub open_seconds: Option<f64>,
     pub state: Option<String>,
     pub query: Option<String>,
+    pub gid: Option<String>,
 }
 
 #[derive(Clone)]
@@ -125,16 +136,25 @@ impl LogReader {
             txid: last.txid,
             position: last.row.position,
         };
-        let mut first: HashMap<Uuid, i64> = HashMap::new();
+        // Per job: the highest version in the batch, and whether the batch
+        // holds every version from its lowest one up to it.
+        let mut span: HashMap<Uuid, (i64, i64, i64)> = HashMap::new(); // (min, max, count)
         for r in &rows {
-            let v = first.entry(r.row.job_id).or_insert(r.row.version);
-            *v = (*v).min(r.row.version);
+            let e = span.entry(r.row.job_id).or_insert((i64::MAX, 0, 0));
+            *e = (e.0.min(r.row.version), e.1.max(r.row.version), e.2 + 1);
         }
-        let (jobs, versions): (Vec<Uuid>, Vec<i64>) = first.into_iter().filter(|(_, v)| *v > 1).unzip();
+        // A job whose versions in the batch are 1..=max (each once) cannot
+        // miss anything; every other job may have versions below its highest
+        // one still ahead in txid order.
+        let (jobs, up_to): (Vec<Uuid>, Vec<i64>) = span
+            .into_iter()
+            .filter(|(_, (lo, hi, n))| !(*lo == 1 && *n == *hi))
+            .map(|(id, (_, hi, _))| (id, hi))
+            .unzip();
         let early = if jobs.is_empty() {
             vec![]
         } else {
-            readers::pending_predecessors(&mut conn, after.txid, after.position, &jobs, &versions).await?
+            readers::left_out_versions(&mut conn, next.txid, next.position, &jobs, &up_to).await?
         };
         let n_early = early.len();
         let mut events: Vec<LogEvent> = early.into_iter().chain(rows).map(to_log).collect();
@@ -150,8 +170,9 @@ impl LogReader {
     }
 
     /// Whether committed events lie past `at`. An empty batch does not say
-    /// "caught up": an open transaction anywhere in the cluster holds the
-    /// horizon back, and what committed after it waits until it ends.
+    /// "caught up": an open transaction of this database (or one not proven
+    /// to be elsewhere) holds the horizon back, and what committed after it
+    /// waits until it ends.
     pub async fn behind(&self, at: Checkpoint) -> LedgerResult<bool> {
         Ok(readers::any_after(&self.pool, at.txid, at.position).await?)
     }
@@ -161,16 +182,16 @@ impl LogReader {
         let seconds = oldest.map_or(0.0, |t: DateTime<Utc>| {
             (Utc::now() - t).num_milliseconds() as f64 / 1000.0
         });
-        let horizon_holder =
-            readers::horizon_holder(&self.pool)
-                .await?
-                .map(|(pid, database, open_seconds, state, query)| HorizonHolder {
-                    pid,
-                    database,
-                    open_seconds,
-                    state,
-                    query,
-                });
+        let horizon_holder = readers::horizon_holder(&self.pool).await?.map(|h| HorizonHolder {
+            kind: h.kind,
+            xid: h.xid,
+            pid: h.pid,
+            database: h.database,
+            open_seconds: h.open_seconds,
+            state: h.state,
+            query: h.query,
+            gid: h.gid,
+        });
         Ok(Lag {
             events,
             seconds: seconds.max(0.0),

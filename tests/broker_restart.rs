@@ -118,7 +118,10 @@ async fn broker_restart_mid_stream_loses_nothing() {
             .unwrap();
         keys.insert(String::from_utf8(m.key().unwrap().to_vec()).unwrap());
     }
-    assert!(keys.contains("before-0") && keys.contains("during-4"));
+    assert!(
+        keys.contains("q/before-0") && keys.contains("q/during-4"),
+        "{keys:?}"
+    );
     broker.kill().unwrap();
     let _ = broker.wait();
     let _ = std::fs::remove_dir_all(dir);

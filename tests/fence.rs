@@ -403,3 +403,72 @@ async fn a_holder_does_not_take_over_its_own_lease() {
     assert_eq!((r.outcome, lease.is_none()), (Outcome::InvalidTransition, true));
     assert!(db.claim_one("worker-b").await.taken_over());
 }
+
+/// Issue 9 item 6: a claim decides on the row version it locked. The claim
+/// statement takes its snapshot, then stops inside its scan of the job (a
+/// gate: a row-level security policy that waits on an advisory lock the
+/// test holds; RLS applies to `jobledger_worker`, not to the owner). Meanwhile
+/// an observation appends v2 and commits. The claim then locks the row at
+/// v2: it must decide on v2, not on its snapshot's v1 (whose fenced write
+/// would miss and roll the whole claim back).
+#[tokio::test]
+async fn a_claim_decides_on_the_row_version_it_locked() {
+    use sqlx::Connection;
+    let db = fresh().await;
+    let job = db.enqueue(Some("k"), json!({})).await;
+    sqlx::raw_sql(&format!(
+        "CREATE FUNCTION public.jl_test_gate(id uuid) RETURNS boolean LANGUAGE plpgsql AS $$ \
+         BEGIN IF id = '{}' THEN PERFORM pg_advisory_lock_shared(4242); PERFORM pg_advisory_unlock_shared(4242); \
+         END IF; RETURN true; END $$; \
+         ALTER TABLE jobledger.jobs ENABLE ROW LEVEL SECURITY; \
+         CREATE POLICY gate ON jobledger.jobs USING (public.jl_test_gate(job_id));",
+        job.job_id
+    ))
+    .execute(db.ledger.pool())
+    .await
+    .unwrap();
+    let mut gate = db.conn().await;
+    sqlx::query("SELECT pg_advisory_lock(4242)")
+        .execute(&mut gate)
+        .await
+        .unwrap();
+
+    let worker_url = db
+        .url
+        .replacen("postgres://postgres@", "postgres://jobledger_worker@", 1);
+    let worker = jobledger::ledger::Ledger::connect(&worker_url, 2).await.unwrap();
+    let claim = tokio::spawn(async move { worker.claim("q", "w", Duration::from_secs(30), 5).await });
+    common::eventually("the claim waits at the gate, inside its statement", || async {
+        db.count(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
+             AND usename = 'jobledger_worker' AND wait_event_type = 'Lock' AND wait_event = 'advisory'",
+        )
+        .await
+            > 0
+    })
+    .await;
+    let r = db
+        .ledger
+        .observe(job.job_id, None, "receipt", json!({"seen": true}), "webhook")
+        .await
+        .unwrap();
+    assert!(r.committed(), "v2 committed while the claim's statement runs");
+    sqlx::query("SELECT pg_advisory_unlock(4242)")
+        .execute(&mut gate)
+        .await
+        .unwrap();
+    gate.close().await.unwrap();
+
+    let leases = claim
+        .await
+        .unwrap()
+        .expect("the claim decides on the locked version, not its snapshot");
+    assert_eq!(leases.len(), 1);
+    let j = db.job(job.job_id).await;
+    assert_eq!(
+        (j.state, j.version),
+        (JobState::Leased, 3),
+        "claimed after the observation"
+    );
+    db.assert_verified().await;
+}

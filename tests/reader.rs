@@ -19,11 +19,16 @@ use uuid::Uuid;
 async fn drain(reader: &LogReader, from: Checkpoint, limit: i64) -> (Vec<LogEvent>, Checkpoint) {
     let mut cp = from;
     let mut out = vec![];
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
     loop {
         let b = reader.read(cp, limit).await.unwrap();
         if b.events.is_empty() {
             if !reader.behind(cp).await.unwrap() {
                 return (out, cp);
+            }
+            if std::time::Instant::now() > deadline {
+                let lag = reader.lag(cp).await.unwrap();
+                panic!("the reader is still held back after 30 s: {lag:?}");
             }
             tokio::time::sleep(std::time::Duration::from_millis(5)).await;
             continue;
@@ -97,7 +102,7 @@ async fn out_of_order_commits_are_never_skipped() {
     );
     let lag = reader.lag(b.next).await.unwrap();
     let holder = lag.horizon_holder.expect("the open transaction is named");
-    assert!(holder.pid > 0);
+    assert!(holder.pid.is_some_and(|p| p > 0));
 
     slow.commit().await.unwrap();
     let (events, _) = drain(&reader, b.next, 100).await;
@@ -248,4 +253,238 @@ async fn skip_to_end_hands_out_only_new_events() {
         events.iter().map(|e| e.job_id()).collect::<Vec<_>>(),
         vec![new.job_id]
     );
+}
+
+/// Sets the trap of issue 9 item 1 for job J: v1 committed, then T_b takes
+/// its xid (a business write: another job's enqueue), T_c claims J (v2, a
+/// newer xid) and commits, then T_b appends v3 (observation) and commits.
+/// In txid order the log reads J v1, other v1, J v3, J v2. With `hold`, a
+/// transaction whose xid lies between T_b's and T_c's is left open (the
+/// caller ends it): it holds the horizon between the two.
+async fn gap_in_the_middle(
+    db: &TestDb,
+    hold: bool,
+) -> (Uuid, Option<sqlx::Transaction<'static, sqlx::Postgres>>) {
+    let j = db.enqueue(Some("J"), json!({})).await;
+    let mut t_b = db.ledger.pool().begin().await.unwrap();
+    db.ledger
+        .enqueue_in(&mut t_b, new_job("q", Some("other"), json!({})))
+        .await
+        .unwrap(); // T_b's xid
+    let holder = if hold {
+        let mut h = db.ledger.pool().begin().await.unwrap();
+        sqlx::query("SELECT pg_current_xact_id()")
+            .execute(&mut *h)
+            .await
+            .unwrap();
+        Some(h)
+    } else {
+        None
+    };
+    let lease = db.claim_one("w").await; // T_c: J v2, committed
+    assert_eq!(lease.job_id(), j.job_id);
+    let r = db
+        .ledger
+        .observe_in(&mut t_b, j.job_id, None, "receipt", json!({}), "w")
+        .await
+        .unwrap();
+    assert!(r.committed());
+    t_b.commit().await.unwrap();
+    let order: Vec<(i64, i64)> = sqlx::query_as(
+        "SELECT version, txid::text::bigint FROM jobledger.events WHERE job_id = $1 ORDER BY version",
+    )
+    .bind(j.job_id)
+    .fetch_all(db.ledger.pool())
+    .await
+    .unwrap();
+    assert!(
+        order[2].1 < order[1].1,
+        "the trap is set: v3's txid is below v2's: {order:?}"
+    );
+    (j.job_id, holder)
+}
+
+/// Every job's first-seen versions are 1, 2, 3, ... (duplicates allowed).
+fn first_seen_in_order(events: &[LogEvent], what: &str) -> HashMap<Uuid, i64> {
+    let mut seen: HashMap<Uuid, i64> = HashMap::new();
+    for e in events {
+        let last = seen.entry(e.job_id()).or_insert(0);
+        if e.version() <= *last {
+            continue;
+        }
+        assert_eq!(
+            e.version(),
+            *last + 1,
+            "{what}: job {} saw v{} after v{}",
+            e.job_id(),
+            e.version(),
+            last
+        );
+        *last = e.version();
+    }
+    seen
+}
+
+/// Issue 9 item 1: a version missing from the *middle* of a batch (the batch
+/// holds J v1 and v3, v2 comes later in txid order) is handed out before v3,
+/// at every batch limit.
+#[tokio::test]
+async fn a_gap_in_the_middle_of_a_batch_is_filled_at_every_batch_limit() {
+    let db = fresh().await;
+    let (j, _) = gap_in_the_middle(&db, false).await;
+    for limit in [1, 2, 3, 5, 5000] {
+        let reader = LogReader::open(db.ledger.pool().clone(), &format!("r{limit}"))
+            .await
+            .unwrap();
+        let (events, _) = drain(&reader, Checkpoint::default(), limit).await;
+        let last = first_seen_in_order(&events, &format!("limit {limit}"));
+        assert_eq!(last[&j], 3, "limit {limit}: all of J's versions");
+        assert_eq!(last.len(), 2, "limit {limit}: J and the other job");
+    }
+}
+
+/// The same trap with a transaction holding the horizon between the two
+/// txids: the reader can see J v1 and v3 below the horizon, and must still
+/// hand out v2 (committed, above the horizon) before v3.
+#[tokio::test]
+async fn a_gap_behind_a_held_horizon_is_filled() {
+    let db = fresh().await;
+    let (j, holder) = gap_in_the_middle(&db, true).await;
+    let reader = LogReader::open(db.ledger.pool().clone(), "held").await.unwrap();
+    let b = reader.read(Checkpoint::default(), 5000).await.unwrap();
+    let js: Vec<i64> = b
+        .events
+        .iter()
+        .filter(|e| e.job_id() == j)
+        .map(|e| e.version())
+        .collect();
+    assert_eq!(
+        js,
+        vec![1, 2, 3],
+        "v2 is handed out with v1 and v3, ahead of the horizon"
+    );
+    assert_eq!(b.early, 1, "one version handed out early");
+    holder.unwrap().rollback().await.unwrap();
+    let (rest, _) = drain(&reader, b.next, 5000).await;
+    let mut all = b.events;
+    all.extend(rest);
+    assert_eq!(first_seen_in_order(&all, "held")[&j], 3);
+}
+
+/// Issue 9 item 9: a transaction holding an xid open in another database of
+/// the same server does not delay this database's events; one in this
+/// database still does.
+#[tokio::test]
+async fn only_this_databases_open_transactions_hold_the_reader() {
+    let db = fresh().await;
+    let elsewhere = fresh().await;
+    let reader = LogReader::open(db.ledger.pool().clone(), "r").await.unwrap();
+
+    let mut foreign = elsewhere.ledger.pool().begin().await.unwrap();
+    sqlx::query("SELECT pg_current_xact_id()")
+        .execute(&mut *foreign)
+        .await
+        .unwrap();
+    let a = db.enqueue(Some("a"), json!({})).await;
+    // This test itself holds an older xid elsewhere: anything the reader
+    // hands out now is past it.
+    let b = reader.read(Checkpoint::default(), 100).await.unwrap();
+    assert_eq!(
+        b.events.iter().map(|e| e.job_id()).collect::<Vec<_>>(),
+        vec![a.job_id],
+        "an open transaction in another database does not hold this one's reader"
+    );
+    let lag = reader.lag(b.next).await.unwrap();
+    assert_eq!(lag.events, 0);
+
+    let mut local = db.ledger.pool().begin().await.unwrap();
+    sqlx::query("SELECT pg_current_xact_id()")
+        .execute(&mut *local)
+        .await
+        .unwrap();
+    let c = db.enqueue(Some("c"), json!({})).await;
+    let held = reader.read(b.next, 100).await.unwrap();
+    assert!(
+        held.events.is_empty(),
+        "an open transaction in this database holds the reader"
+    );
+    let lag = reader.lag(b.next).await.unwrap();
+    assert_eq!(lag.events, 1);
+    let h = lag.horizon_holder.expect("the holder is named");
+    assert_eq!(
+        (h.kind.as_str(), h.database.as_deref()),
+        ("session", Some(db.name.as_str()))
+    );
+    local.rollback().await.unwrap();
+    let (rest, _) = drain(&reader, b.next, 100).await;
+    assert_eq!(
+        rest.iter().map(|e| e.job_id()).collect::<Vec<_>>(),
+        vec![c.job_id]
+    );
+    foreign.rollback().await.unwrap();
+}
+
+/// Issue 9 item 7: a prepared transaction holds the horizon like an open one
+/// (in this database), is named in the lag report with its gid, and one
+/// prepared in another database does not hold this database's reader.
+/// Needs `max_prepared_transactions > 0` (scripts/test sets it).
+#[tokio::test]
+async fn a_prepared_transaction_holds_the_horizon_and_is_named() {
+    use sqlx::Connection;
+    let db = fresh().await;
+    let enabled: String = sqlx::query_scalar("SHOW max_prepared_transactions")
+        .fetch_one(db.ledger.pool())
+        .await
+        .unwrap();
+    assert_ne!(
+        enabled, "0",
+        "max_prepared_transactions is 0: run scripts/test, which enables it"
+    );
+    let elsewhere = fresh().await;
+    let prepare = |url: String, gid: String| async move {
+        let mut c = sqlx::PgConnection::connect(&url).await.unwrap();
+        sqlx::raw_sql(&format!(
+            "BEGIN; SELECT pg_current_xact_id(); PREPARE TRANSACTION '{gid}'"
+        ))
+        .execute(&mut c)
+        .await
+        .unwrap();
+        c
+    };
+    let finish = |url: String, gid: String| async move {
+        let mut c = sqlx::PgConnection::connect(&url).await.unwrap();
+        sqlx::raw_sql(&format!("ROLLBACK PREPARED '{gid}'"))
+            .execute(&mut c)
+            .await
+            .unwrap();
+    };
+    let (gid_far, gid_here) = (format!("far-{}", db.name), format!("here-{}", db.name));
+    let _far = prepare(elsewhere.url.clone(), gid_far.clone()).await;
+    let reader = LogReader::open(db.ledger.pool().clone(), "r").await.unwrap();
+    let a = db.enqueue(Some("a"), json!({})).await;
+    let b = reader.read(Checkpoint::default(), 100).await.unwrap();
+    assert_eq!(
+        b.events.len(),
+        1,
+        "a transaction prepared in another database does not hold this reader"
+    );
+    assert_eq!(b.events[0].job_id(), a.job_id);
+
+    let _here = prepare(db.url.clone(), gid_here.clone()).await;
+    db.enqueue(Some("c"), json!({})).await;
+    let held = reader.read(b.next, 100).await;
+    let lag = reader.lag(b.next).await;
+    finish(db.url.clone(), gid_here.clone()).await;
+    finish(elsewhere.url.clone(), gid_far).await;
+    assert!(
+        held.unwrap().events.is_empty(),
+        "a prepared transaction here holds the reader"
+    );
+    let lag = lag.unwrap();
+    let h = lag.horizon_holder.expect("the prepared transaction is named");
+    assert_eq!(h.kind, "prepared");
+    assert_eq!(h.gid.as_deref(), Some(gid_here.as_str()));
+    assert_eq!(h.database.as_deref(), Some(db.name.as_str()));
+    let (rest, _) = drain(&reader, b.next, 100).await;
+    assert_eq!(rest.len(), 1);
 }

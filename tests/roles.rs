@@ -88,3 +88,39 @@ async fn a_worker_role_cannot_rewrite_history() {
         .unwrap();
     assert_eq!(admin.purge(Duration::ZERO, 10).await.unwrap(), 1);
 }
+
+/// Issue 9 item 8: the projection cannot be changed without the event that
+/// produces it. As `jobledger_worker` (and as the admin), a hand-written
+/// update or insert of `jobledger.jobs` is refused at commit with SQLSTATE
+/// JL001, and an event appended in an earlier transaction does not count.
+#[tokio::test]
+async fn the_projection_cannot_change_without_its_event() {
+    let db = fresh().await;
+    let job = db.enqueue(Some("k"), json!({"amount": 5})).await;
+    for role in ["jobledger_worker", "jobledger_admin"] {
+        let mut conn = sqlx::PgConnection::connect(&as_role(&db.url, role))
+            .await
+            .unwrap();
+        for sql in [
+            "UPDATE jobledger.jobs SET state = 'succeeded', reason = 'completed' WHERE job_id = $1",
+            "UPDATE jobledger.jobs SET lease_until = now() + interval '1 day' WHERE job_id = $1",
+            "UPDATE jobledger.jobs SET payload = '{\"amount\": 500}' WHERE job_id = $1",
+            "INSERT INTO jobledger.jobs SELECT gen_random_uuid(), queue, kind, 'forged', epoch + 1000, token, run, \
+             attempt, state, priority, payload, payload_digest, policy, run_at, lease_until, holder, next_action, \
+             step, receipt_id, receipt_deadline, result, release, last_error, reason, created_at, updated_at, \
+             version, last_hash FROM jobledger.jobs WHERE job_id = $1",
+        ] {
+            let err = sqlx::query(sql).bind(job.job_id).execute(&mut conn).await.unwrap_err();
+            let code = err.as_database_error().and_then(|d| d.code()).map(|c| c.to_string());
+            assert_eq!(code.as_deref(), Some(jobledger::store::ROW_WITHOUT_EVENT), "{role}: {sql}: {err}");
+            assert!(err.to_string().contains("without its event"), "{err}");
+        }
+    }
+    assert_eq!(db.count("SELECT count(*) FROM jobledger.jobs").await, 1);
+    let j = db.job(job.job_id).await;
+    assert_eq!(
+        (j.state, j.payload),
+        (jobledger::domain::JobState::Queued, json!({"amount": 5}))
+    );
+    db.assert_verified().await;
+}

@@ -417,11 +417,12 @@ async fn business_writes_commit_with_the_completion_or_not_at_all() {
             async move {
                 if ctx.payload()["steal"] == json!(true) {
                     // Another worker takes the job over before this one commits.
-                    sqlx::query("UPDATE jobledger.jobs SET lease_until = now() - interval '1 second' WHERE job_id = $1")
-                        .bind(ctx.job().job_id)
-                        .execute(ledger.pool())
-                        .await
-                        .unwrap();
+                    common::around_the_log(
+                        ledger.pool(),
+                        "UPDATE jobledger.jobs SET lease_until = now() - interval '1 second' WHERE job_id = $1",
+                        ctx.job().job_id,
+                    )
+                    .await;
                     let (r, _) = ledger.claim_job(ctx.job().job_id, "thief", Duration::from_secs(30)).await.unwrap();
                     assert!(r.committed());
                 }

@@ -27,11 +27,26 @@ impl Ledger {
         // job and its first event are written by one (atomic) statement.
         // Two round trips instead of four.
         let mut conn = self.pool.acquire().await?;
-        self.enqueue_in(&mut conn, new).await
+        let mut tries = 0;
+        loop {
+            match self.enqueue_in(&mut conn, new.clone()).await {
+                // The key's previous lifecycle was purged after our epoch was
+                // drawn: nothing was written; draw again.
+                Err(LedgerError::Store(e))
+                    if e.sqlstate().as_deref() == Some(crate::store::EPOCH_BELOW_PURGED) && tries < 5 =>
+                {
+                    tries += 1;
+                }
+                other => return other,
+            }
+        }
     }
 
     /// Enqueues inside the caller's transaction: the job exists exactly when
-    /// the caller's own writes commit.
+    /// the caller's own writes commit. In the rare case that the job's key
+    /// had a lifecycle purged between this call's epoch draw and its insert,
+    /// the statement fails with SQLSTATE JL002 (`is_retryable`) and the
+    /// caller's transaction must be retried, as for a serialization failure.
     pub async fn enqueue_in(&self, conn: &mut PgConnection, new: NewJob) -> LedgerResult<Enqueued> {
         Ok(self
             .enqueue_many_in(conn, vec![new])
@@ -60,6 +75,9 @@ impl Ledger {
         let (queues, kinds): (Vec<String>, Vec<String>) = wanted.into_iter().unzip();
         let (epochs, now, registered) =
             jobs::enqueue_context(conn, news.len() as i64, &queues, &kinds).await?;
+        if let Some(h) = &self.hooks.after_epochs {
+            h().await;
+        }
         let registered: HashMap<(String, String), Policy> = registered
             .into_iter()
             .map(|(q, k, v)| {

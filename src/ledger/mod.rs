@@ -30,6 +30,24 @@ pub const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/joble
 pub struct Ledger {
     pool: PgPool,
     limits: Limits,
+    hooks: LedgerHooks,
+}
+
+/// Test hooks: gates between the steps of a write, so tests can force an
+/// interleaving without sleeps.
+#[derive(Clone, Default)]
+#[allow(clippy::type_complexity)]
+pub struct LedgerHooks {
+    /// Runs after an enqueue drew its epochs, before it inserts the jobs.
+    pub after_epochs: Option<std::sync::Arc<dyn Fn() -> crate::worker::BoxFuture<()> + Send + Sync>>,
+}
+
+impl std::fmt::Debug for LedgerHooks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LedgerHooks")
+            .field("after_epochs", &self.after_epochs.is_some())
+            .finish()
+    }
 }
 
 impl Ledger {
@@ -37,7 +55,14 @@ impl Ledger {
         Ledger {
             pool,
             limits: Limits::default(),
+            hooks: LedgerHooks::default(),
         }
+    }
+
+    /// Test hooks between the steps of a write.
+    pub fn with_hooks(mut self, hooks: LedgerHooks) -> Self {
+        self.hooks = hooks;
+        self
     }
 
     pub fn with_limits(mut self, limits: Limits) -> Self {

@@ -1,7 +1,9 @@
 //! The Kafka message of one event: key, headers and JSON body (schema 1).
 //!
-//! Key: `job_key` if the job has one, else `job_id`, so one job's events
-//! (and a reused key's later lifecycles) stay in one partition, in order.
+//! Key: `<queue>/<job_key>` if the job has a key, else its `job_id`, so one
+//! job's events (and a reused key's later lifecycles) stay in one partition,
+//! in order, and jobs of two queues sharing a `job_key` never share a
+//! consumer's fence (keys are unique per queue only). See `message_key`.
 //! Headers: `epoch`, `token`, `version`, `position`, `type`, `schema` (decimal
 //! text). Body: the whole event, hash included, plus queue and key.
 
@@ -70,7 +72,7 @@ pub fn message(e: &LogEvent, queue: &str, job_key: Option<&str>) -> Message {
         hash: &r.hash,
     };
     Message {
-        key: job_key.map_or_else(|| r.job_id.to_string(), str::to_string),
+        key: message_key(queue, job_key, &r.job_id),
         headers: vec![
             ("epoch", r.epoch.to_string()),
             ("token", r.token.to_string()),
@@ -80,6 +82,17 @@ pub fn message(e: &LogEvent, queue: &str, job_key: Option<&str>) -> Message {
             ("schema", SCHEMA.to_string()),
         ],
         body: serde_json::to_vec(&body).expect("json"),
+    }
+}
+
+/// The Kafka key of a job's events: `<queue>/<job_key>` for a keyed job, with
+/// `%` and `/` in the queue name written `%25` and `%2F` (so the first `/`
+/// always ends the queue, and two (queue, key) pairs never share a key);
+/// the `job_id` (a UUID, which has no `/`) for a job without a key.
+pub fn message_key(queue: &str, job_key: Option<&str>, job_id: &uuid::Uuid) -> String {
+    match job_key {
+        Some(k) => format!("{}/{k}", queue.replace('%', "%25").replace('/', "%2F")),
+        None => job_id.to_string(),
     }
 }
 

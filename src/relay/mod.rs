@@ -312,8 +312,8 @@ impl Relay {
             if lag.events > 0 {
                 if let Some(h) = lag.horizon_holder {
                     tracing::warn!(
-                        "relay: {} event(s) wait behind an open transaction: pid {} in database {:?}, open {:.1}s ({:?})",
-                        lag.events, h.pid, h.database, h.open_seconds, h.query
+                        "relay: {} event(s) wait behind an open {} transaction (xid {}): pid {:?} gid {:?} in database {:?}, open {:.1}s ({:?})",
+                        lag.events, h.kind, h.xid, h.pid, h.gid, h.database, h.open_seconds.unwrap_or(0.0), h.query
                     );
                 }
             }

@@ -74,6 +74,12 @@ pub async fn lock_jobs(conn: &mut PgConnection, ids: &[Uuid]) -> StoreResult<Vec
 /// i.e. lowest number, then oldest); each locked `SKIP LOCKED`. The second
 /// subquery may lock a few rows beyond `limit`; they are left untouched and
 /// unlocked at commit.
+///
+/// The rows come out of the locking subqueries themselves: a row that a
+/// transaction committing during this statement changed is locked at its new
+/// version (PostgreSQL re-checks it), and that version is what the claim
+/// decides on. Reading the rows again by id would see the statement's
+/// snapshot, the old version, and the fenced write would then miss.
 pub async fn lock_claimable(
     conn: &mut PgConnection,
     queue: &str,
@@ -82,17 +88,16 @@ pub async fn lock_claimable(
 ) -> StoreResult<Vec<Locked>> {
     let sql = format!(
         "WITH expired AS ( \
-            SELECT job_id, 0 AS pick, lease_until AS at FROM jobledger.jobs \
+            SELECT {JOB_COLUMNS}, 0 AS pick FROM jobledger.jobs \
             WHERE queue = $1 AND state IN ('leased', 'cancel_requested') AND lease_until <= now() \
               AND policy ->> 'on_lease_expiry' = 'reconcile' AND holder IS DISTINCT FROM $3 \
             ORDER BY lease_until LIMIT $2 FOR UPDATE SKIP LOCKED), \
          due AS ( \
-            SELECT job_id, 1 AS pick, run_at AS at FROM jobledger.jobs \
+            SELECT {JOB_COLUMNS}, 1 AS pick FROM jobledger.jobs \
             WHERE queue = $1 AND state = 'queued' AND run_at <= now() \
             ORDER BY priority, run_at LIMIT $2 FOR UPDATE SKIP LOCKED), \
-         picked AS (SELECT job_id FROM (SELECT * FROM expired UNION ALL SELECT * FROM due) p ORDER BY pick LIMIT $2) \
-         SELECT {JOB_COLUMNS}, clock_timestamp() AS db_now FROM jobledger.jobs \
-         WHERE job_id IN (SELECT job_id FROM picked) ORDER BY job_id"
+         picked AS (SELECT * FROM (SELECT * FROM expired UNION ALL SELECT * FROM due) p ORDER BY pick LIMIT $2) \
+         SELECT {JOB_COLUMNS}, clock_timestamp() AS db_now FROM picked ORDER BY job_id"
     );
     Ok(sqlx::query_as(&sql)
         .bind(queue)

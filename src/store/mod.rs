@@ -53,7 +53,7 @@ impl StoreError {
                     .map(|c| {
                         matches!(
                             c.as_ref(),
-                            "40001" | "40P01" | "55P03" | "57P01" | "57P02" | "57P03"
+                            "40001" | "40P01" | "55P03" | "57P01" | "57P02" | "57P03" | EPOCH_BELOW_PURGED
                         ) || c.starts_with("08")
                     })
                     .unwrap_or(false),
@@ -66,3 +66,22 @@ impl StoreError {
 }
 
 pub type StoreResult<T> = Result<T, StoreError>;
+
+/// SQLSTATE of `jobledger.check_key_epoch()`: a keyed job was inserted with
+/// an epoch below a purged lifecycle of the same key (its epoch was drawn
+/// before that lifecycle's purge committed). Retry with a new epoch.
+pub const EPOCH_BELOW_PURGED: &str = "JL002";
+
+/// SQLSTATE of `jobledger.check_job_has_event()`: a `jobs` row was inserted
+/// or updated without its event in the same transaction.
+pub const ROW_WITHOUT_EVENT: &str = "JL001";
+
+impl StoreError {
+    /// The SQLSTATE of a database error, if this is one.
+    pub fn sqlstate(&self) -> Option<String> {
+        match self {
+            StoreError::Db(sqlx::Error::Database(d)) => d.code().map(|c| c.to_string()),
+            _ => None,
+        }
+    }
+}

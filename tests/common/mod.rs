@@ -36,32 +36,38 @@ impl TestDb {
         PgConnection::connect(&self.url).await.expect("connect")
     }
 
+    /// Runs `sql` (with `$1` = `job`) as the superuser with the database's
+    /// triggers off: the only way left to change `jobledger.jobs` without an
+    /// event (`jobs_need_event` refuses it otherwise). Tests use it to move
+    /// a job's clock fields into the past and to forge tampering.
+    pub async fn around_the_log(&self, sql: &str, job: Uuid) {
+        around_the_log(self.ledger.pool(), sql, job).await
+    }
+
     /// Moves a lease into the past: the lease has expired, nobody waited.
     pub async fn expire_lease(&self, job: Uuid) {
-        sqlx::query("UPDATE jobledger.jobs SET lease_until = now() - interval '1 second' WHERE job_id = $1")
-            .bind(job)
-            .execute(self.ledger.pool())
-            .await
-            .unwrap();
+        self.around_the_log(
+            "UPDATE jobledger.jobs SET lease_until = now() - interval '1 second' WHERE job_id = $1",
+            job,
+        )
+        .await;
     }
 
     /// Makes a delayed/backed-off job due now.
     pub async fn make_due(&self, job: Uuid) {
-        sqlx::query("UPDATE jobledger.jobs SET run_at = now() - interval '1 millisecond' WHERE job_id = $1")
-            .bind(job)
-            .execute(self.ledger.pool())
-            .await
-            .unwrap();
+        self.around_the_log(
+            "UPDATE jobledger.jobs SET run_at = now() - interval '1 millisecond' WHERE job_id = $1",
+            job,
+        )
+        .await;
     }
 
     pub async fn expire_receipt(&self, job: Uuid) {
-        sqlx::query(
+        self.around_the_log(
             "UPDATE jobledger.jobs SET receipt_deadline = now() - interval '1 second' WHERE job_id = $1",
+            job,
         )
-        .bind(job)
-        .execute(self.ledger.pool())
-        .await
-        .unwrap();
+        .await;
     }
 
     pub async fn count(&self, sql: &str) -> i64 {
@@ -119,6 +125,17 @@ impl TestDb {
         let report = self.ledger.verify(None).await.expect("verify");
         assert!(report.ok(), "verify found problems: {:?}", report.problems);
     }
+}
+
+/// `TestDb::around_the_log` on a pool (inside handlers).
+pub async fn around_the_log(pool: &sqlx::PgPool, sql: &str, job: Uuid) {
+    let mut tx = pool.begin().await.unwrap();
+    sqlx::query("SET LOCAL session_replication_role = replica")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    sqlx::query(sql).bind(job).execute(&mut *tx).await.unwrap();
+    tx.commit().await.unwrap();
 }
 
 pub fn new_job(queue: &str, key: Option<&str>, payload: Value) -> NewJob {
