@@ -210,7 +210,8 @@ async fn poison_messages_are_dead_lettered_and_the_rest_is_applied() {
         b.as_object_mut().unwrap().remove("job_id");
         serde_json::to_vec(&b).unwrap()
     };
-    let msgs: Vec<(Vec<(&str, &str)>, Vec<u8>)> = vec![
+    type Raw<'a> = (Vec<(&'a str, &'a str)>, Vec<u8>);
+    let msgs: Vec<Raw> = vec![
         (gen_headers("5", "0", "1"), body(&job, 5, 0, 1, "queued")),
         (gen_headers("5", "1", "2"), without_id),
         (gen_headers("5", "1", "2"), body("not-a-uuid", 5, 1, 2, "leased")),

@@ -228,49 +228,88 @@ fn exec_worker(
 
 /// Issue 9 item 5: the command's child makes its side effect 1.5 s after it
 /// starts; the job is cancelled as soon as the child runs. Either the job is
-/// `cancelled` and the effect never appears (the child is gone), or the
-/// effect appears and the job is not `cancelled`. The cancel reaches the
-/// whole process group, so it is the first.
+/// `cancelled` and the effect never appears (every process of the command is
+/// gone), or the effect may appear and the job is not `cancelled`. Children
+/// that leave the process group (`timeout`, `setsid`) are still found (the
+/// environment tag); children that ignore or catch SIGTERM are frozen before
+/// the stop; a command that handles SIGTERM but leaves a child running is
+/// dead (`exec_outlived`), never `cancelled`.
 #[tokio::test]
-async fn a_cancel_stops_the_commands_children_before_it_is_confirmed() {
-    let db = fresh().await;
-    let (pid_file, effect) = (scratch("pid"), scratch("effect"));
-    let cmd = format!(
-        "sh -c 'echo $$ > {pid}; sleep 1.5; echo effect >> {effect}'; true",
-        pid = pid_file.display(),
-        effect = effect.display()
-    );
-    let job = db.enqueue(None, json!({})).await;
-    let (stop, h) = exec_worker(&db, &cmd);
-    let child = pid_in(&pid_file).await;
-    db.ledger.cancel(job.job_id, None).await.unwrap();
-    eventually("the job ended", || async {
-        db.job(job.job_id).await.state.is_terminal()
-    })
-    .await;
-    let state = db.state_of(job.job_id).await;
-    // Decided by processes, not by time: once the child is gone, its effect
-    // can never appear.
-    assert_eq!(state, JobState::Cancelled);
-    assert!(!alive(child), "the child outlived a confirmed cancel");
-    assert!(
-        !effect.exists(),
-        "the side effect happened after the cancel was confirmed"
-    );
-    stop.cancel();
-    h.await.unwrap();
-    let _ = std::fs::remove_file(pid_file);
+async fn a_cancel_is_confirmed_only_when_no_process_of_the_command_can_act_after_it() {
+    // (command, the outcome it must get; None: either, as long as the
+    // invariant holds). The child writes its own pid.
+    let child = "sh -c 'echo $$ > {pid}; sleep 1.5; echo effect >> {effect}'";
+    type Expected = Option<(JobState, Option<&'static str>)>;
+    let cases: Vec<(String, Expected)> = vec![
+        // sh takes SIGTERM's default action: everything is frozen first.
+        (format!("{child}; true"), Some((JobState::Cancelled, None))),
+        (format!("{child} & wait"), Some((JobState::Cancelled, None))),
+        (format!("setsid {child} & wait"), Some((JobState::Cancelled, None))),
+        (
+            "(trap '' TERM; echo $$ > {pid}; sleep 1.5; echo effect >> {effect}) & wait".to_string(),
+            Some((JobState::Cancelled, None)),
+        ),
+        (
+            "(trap 'echo effect >> {effect}; exit 0' TERM; echo $$ > {pid}; while :; do sleep 0.05; done) & wait"
+                .to_string(),
+            Some((JobState::Cancelled, None)),
+        ),
+        // `timeout` handles SIGTERM itself and moves its child to a new
+        // group (the environment tag still finds it).
+        (format!("timeout 30 {child}"), None),
+        // The command handles SIGTERM but exits without stopping its child.
+        (
+            format!("trap 'exit 143' TERM; {child} & while :; do sleep 0.05; done"),
+            Some((JobState::Dead, Some("exec_outlived"))),
+        ),
+    ];
+    for (template, expected) in cases {
+        let db = fresh().await;
+        let (pid_file, effect) = (scratch("pid"), scratch("effect"));
+        let cmd = template
+            .replace("{pid}", &pid_file.display().to_string())
+            .replace("{effect}", &effect.display().to_string());
+        let job = db.enqueue(None, json!({})).await;
+        let (stop, h) = exec_worker(&db, &cmd);
+        let child = pid_in(&pid_file).await;
+        db.ledger.cancel(job.job_id, None).await.unwrap();
+        eventually("the job ended", || async {
+            db.job(job.job_id).await.state.is_terminal()
+        })
+        .await;
+        let j = db.job(job.job_id).await;
+        // Decided by processes, not by time: the outcome is written only
+        // once every process of the command is gone, so no effect can
+        // appear any more.
+        assert!(!alive(child), "{cmd}: a process outlived the outcome");
+        if j.state == JobState::Cancelled {
+            assert!(
+                !effect.exists(),
+                "{cmd}: the side effect happened after a confirmed cancel"
+            );
+        }
+        if let Some((state, code)) = expected {
+            assert_eq!(j.state, state, "{cmd}");
+            if let Some(code) = code {
+                assert_eq!(j.last_error.unwrap().code, code, "{cmd}");
+            }
+        }
+        stop.cancel();
+        h.await.unwrap();
+        let _ = std::fs::remove_file(pid_file);
+        let _ = std::fs::remove_file(effect);
+    }
 }
 
-/// A child that ignores SIGTERM is killed after the grace period; nobody can
-/// say what it did, so the job is dead (`exec_group_killed`), never
-/// `cancelled`.
+/// A command that ignores SIGTERM is killed after the grace period; nobody
+/// can say what it did meanwhile, so the job is dead (`exec_group_killed`),
+/// never `cancelled`.
 #[tokio::test]
-async fn a_child_ignoring_sigterm_is_killed_and_the_cancel_is_not_confirmed() {
+async fn a_command_ignoring_sigterm_is_killed_and_the_cancel_is_not_confirmed() {
     let db = fresh().await;
     let pid_file = scratch("pid");
     let cmd = format!(
-        "sh -c 'trap \"\" TERM; echo $$ > {pid}; while :; do sleep 0.05; done'; true",
+        "trap '' TERM; sh -c 'echo $$ > {pid}; while :; do sleep 0.05; done'",
         pid = pid_file.display()
     );
     let job = db.enqueue(None, json!({})).await;

@@ -537,3 +537,72 @@ async fn a_reused_key_never_gets_a_lower_epoch() {
         }
     }
 }
+
+/// The same race inside a caller's REPEATABLE READ transaction, whose
+/// snapshot predates the purge: the reused key's lower epoch is refused as a
+/// serialization failure (retryable, nothing written), and the caller's
+/// retry gets a higher epoch.
+#[tokio::test]
+async fn a_reused_key_never_gets_a_lower_epoch_under_repeatable_read() {
+    use jobledger::ledger::LedgerHooks;
+    use tokio::sync::{mpsc, Mutex};
+    let db = fresh().await;
+    let (reached, mut at_gate) = mpsc::channel::<()>(1);
+    let (open, gate) = mpsc::channel::<()>(1);
+    let gate = Arc::new(Mutex::new(gate));
+    let armed = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let (a, g) = (armed.clone(), gate.clone());
+    let hooked = db.ledger.clone().with_hooks(LedgerHooks {
+        after_epochs: Some(Arc::new(move || {
+            let (reached, g) = (reached.clone(), g.clone());
+            let first = a.swap(false, std::sync::atomic::Ordering::SeqCst);
+            Box::pin(async move {
+                if first {
+                    reached.send(()).await.unwrap();
+                    g.lock().await.recv().await;
+                }
+            })
+        })),
+    });
+    let h = hooked.clone();
+    let t1 = tokio::spawn(async move {
+        let mut tx = h.pool().begin().await.unwrap();
+        sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+        let r = h
+            .enqueue_in(&mut tx, new_job("q", Some("K"), json!({"n": 2})))
+            .await;
+        if r.is_ok() {
+            tx.commit().await.unwrap();
+        }
+        r
+    });
+    at_gate.recv().await.unwrap();
+    let l2 = db.enqueue(Some("K"), json!({"n": 1})).await;
+    db.ledger.cancel(l2.job_id, None).await.unwrap();
+    assert_eq!(db.ledger.purge(Duration::ZERO, 10).await.unwrap(), 1);
+    open.send(()).await.unwrap();
+    let err = t1.await.unwrap().expect_err("the lower epoch is refused");
+    assert!(err.is_retryable(), "{err}");
+    assert!(err.to_string().contains("serialize"), "{err}");
+    assert_eq!(
+        db.count("SELECT count(*) FROM jobledger.jobs").await,
+        0,
+        "nothing written"
+    );
+    // The caller retries its transaction: a new draw, above the purged one.
+    let mut tx = hooked.pool().begin().await.unwrap();
+    sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    let e = hooked
+        .enqueue_in(&mut tx, new_job("q", Some("K"), json!({"n": 2})))
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    assert!(e.job.epoch > l2.epoch);
+    db.assert_verified().await;
+}

@@ -113,10 +113,59 @@ async fn the_projection_cannot_change_without_its_event() {
             let err = sqlx::query(sql).bind(job.job_id).execute(&mut conn).await.unwrap_err();
             let code = err.as_database_error().and_then(|d| d.code()).map(|c| c.to_string());
             assert_eq!(code.as_deref(), Some(jobledger::store::ROW_WITHOUT_EVENT), "{role}: {sql}: {err}");
-            assert!(err.to_string().contains("without its event"), "{err}");
+            let msg = err.to_string();
+            assert!(
+                ["without its event", "not one event", "never change"].iter().any(|m| msg.contains(m)),
+                "{msg}"
+            );
         }
     }
+    // An event appended in the same transaction does not license rewriting
+    // what the job is (payload, key, policy), nor a row that does not match
+    // the event (here: the state and the from-state).
+    let forge = |row_update: &'static str| {
+        format!(
+            "BEGIN; \
+             INSERT INTO jobledger.events (job_id, version, type, from_state, to_state, reason, actor, epoch, token, \
+               attempt, run, data, recorded_at, prev_hash, hash) \
+             SELECT job_id, version + 1, 'observed', state, state, 'observation', 'mallory', epoch, token, attempt, \
+               run, '{{\"key\": \"x\", \"data\": {{}}, \"digest\": \"d\"}}', clock_timestamp(), last_hash, 'forged' \
+             FROM jobledger.jobs WHERE job_id = '{id}'; \
+             UPDATE jobledger.jobs j SET version = e.version, last_hash = e.hash, updated_at = e.recorded_at, {row_update} \
+             FROM jobledger.events e WHERE j.job_id = '{id}' AND e.job_id = j.job_id AND e.version = j.version + 1; \
+             COMMIT;",
+            id = job.job_id
+        )
+    };
+    for update in [
+        "payload = '{\"amount\": 1000000}'",
+        "job_key = 'renamed'",
+        "policy = '{\"max_attempts\": 999}'",
+        "state = 'succeeded'",
+    ] {
+        let mut conn = sqlx::PgConnection::connect(&as_role(&db.url, "jobledger_worker"))
+            .await
+            .unwrap();
+        let err = sqlx::raw_sql(&forge(update))
+            .execute(&mut conn)
+            .await
+            .unwrap_err();
+        let code = err
+            .as_database_error()
+            .and_then(|d| d.code())
+            .map(|c| c.to_string());
+        assert_eq!(
+            code.as_deref(),
+            Some(jobledger::store::ROW_WITHOUT_EVENT),
+            "{update}: {err}"
+        );
+    }
     assert_eq!(db.count("SELECT count(*) FROM jobledger.jobs").await, 1);
+    assert_eq!(
+        db.count("SELECT count(*) FROM jobledger.events").await,
+        1,
+        "nothing kept"
+    );
     let j = db.job(job.job_id).await;
     assert_eq!(
         (j.state, j.payload),

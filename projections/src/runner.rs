@@ -204,10 +204,12 @@ impl<'a> Runner<'a> {
 
     /// Runs steps until the serving table (and any rebuild) has applied
     /// every event committed before the call. An empty batch alone is not
-    /// enough: while an open transaction (anywhere in the cluster) holds the
-    /// snapshot horizon back, later commits wait behind it, and so does this.
+    /// enough: while an open transaction of this database holds the log
+    /// horizon back, later commits wait behind it, and so does this (backing
+    /// off up to 250 ms between tries).
     pub async fn catch_up(&self, versions: &[&dyn Projection]) -> Result<Step, ProjectionError> {
         let mut total = Step::default();
+        let mut idle = std::time::Duration::from_millis(5);
         loop {
             let s = self.step(versions).await?;
             total.applied += s.applied;
@@ -221,7 +223,10 @@ impl<'a> Runner<'a> {
                 if !serves || !self.log.behind(e.checkpoint()).await? {
                     return Ok(total);
                 }
-                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+                tokio::time::sleep(idle).await;
+                idle = (idle * 2).min(std::time::Duration::from_millis(250));
+            } else {
+                idle = std::time::Duration::from_millis(5);
             }
         }
     }

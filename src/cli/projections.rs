@@ -54,6 +54,9 @@ pub async fn run(ledger: &Ledger, action: &str, name: Option<&str>) -> Result<i3
                     .progress_chars("=> "),
             );
             bar.set_message(format!("rebuilding {name} into {table}"));
+            // A step that moved nothing (the horizon is held, or the switch
+            // must wait) backs off instead of spinning.
+            let mut idle = std::time::Duration::from_millis(5);
             loop {
                 let s = runner.step(&[p]).await?;
                 bar.inc(s.rebuilt as u64);
@@ -61,6 +64,12 @@ pub async fn run(ledger: &Ledger, action: &str, name: Option<&str>) -> Result<i3
                     bar.finish_with_message(format!("{name}: switched to the rebuilt table (version {v})"));
                     line(&json!({ "projection": name, "rebuilt_events": bar.position(), "switched_to": v }));
                     break;
+                }
+                if s.rebuilt == 0 && s.applied == 0 {
+                    tokio::time::sleep(idle).await;
+                    idle = (idle * 2).min(std::time::Duration::from_millis(250));
+                } else {
+                    idle = std::time::Duration::from_millis(5);
                 }
             }
         }

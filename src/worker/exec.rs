@@ -12,17 +12,20 @@
 //! When the lease is lost the command is killed (SIGKILL): nothing it does
 //! can be recorded any more.
 //!
-//! Every command runs in a process group of its own, and every signal goes
-//! to the whole group: a cancel, a lost lease, a shutdown and a dropped
-//! handler reach the children `sh` started, not just `sh`. No outcome is
-//! written until every process of the group has exited: a cancel is
-//! confirmed only when the command stopped on SIGTERM and none of its
-//! processes outlived it. A process that ignores SIGTERM is killed after a
-//! grace period, and then nobody can say what it did: the job fails
-//! permanently (`exec_group_killed`, dead), never `cancelled`.
+//! Every command's processes are found and signalled as a whole (its own
+//! process group, plus every process carrying its environment tag:
+//! `exec_procs`): a cancel, a lost lease, a shutdown and a dropped handler
+//! reach the children `sh` started, not just `sh`. No outcome is written
+//! until every one of them has exited. A cancel is confirmed only when no
+//! process of the command ran after the stop: a command that takes
+//! SIGTERM's default action is frozen with all its processes before it is
+//! stopped; one that handles SIGTERM must stop its own processes before it
+//! exits 143. Otherwise nobody can say what happened after the stop: the
+//! job fails permanently and is dead (`exec_outlived`, or
+//! `exec_group_killed` when the command ignored SIGTERM and was killed),
+//! never `cancelled` and never retried.
 
-use nix::sys::signal::{killpg, Signal as NixSignal};
-use nix::unistd::Pid;
+use nix::sys::signal::Signal as NixSignal;
 use serde_json::Value;
 use std::os::unix::process::ExitStatusExt;
 use std::process::Stdio;
@@ -30,13 +33,11 @@ use std::sync::Arc;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::process::Command;
 
+use super::exec_procs::{End, Procs, GRACE, TAG_VAR};
 use super::handler::{HandlerFn, HandlerOutcome, JobContext, StopReason};
 
 pub const EXIT_TRANSIENT: i32 = 75;
 const MAX_OUTPUT: usize = 1024 * 1024;
-/// How long the group's processes get to exit after SIGTERM (or after `sh`
-/// itself exited) before the next signal.
-const GROUP_GRACE: std::time::Duration = std::time::Duration::from_secs(3);
 
 pub fn exec_handler(command: &str) -> HandlerFn {
     let command = Arc::new(command.to_string());
@@ -48,6 +49,7 @@ pub fn exec_handler(command: &str) -> HandlerFn {
 
 async fn run(ctx: JobContext, command: &str) -> HandlerOutcome {
     let job = ctx.job();
+    let tag = uuid::Uuid::new_v4().to_string();
     let mut child = match Command::new("sh")
         .arg("-c")
         .arg(command)
@@ -60,6 +62,7 @@ async fn run(ctx: JobContext, command: &str) -> HandlerOutcome {
         .env("JOBLEDGER_ATTEMPT", job.attempt.to_string())
         .env("JOBLEDGER_RUN", job.run.to_string())
         .env("JOBLEDGER_NEXT_ACTION", job.next_action.as_str())
+        .env(TAG_VAR, &tag)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -75,9 +78,9 @@ async fn run(ctx: JobContext, command: &str) -> HandlerOutcome {
             }
         }
     };
-    // The group's id is `sh`'s pid; the guard kills the whole group if this
-    // future is dropped (worker drain timeout, abort) before it ended.
-    let mut group = Group::of(child.id());
+    // The group's id is `sh`'s pid; the guard kills every process of the
+    // command if this future is dropped (drain timeout, abort) before it ended.
+    let mut procs = Procs::of(child.id(), tag);
     let payload = serde_json::to_vec(&job.payload).unwrap_or_default();
     let mut stdin = child.stdin.take().expect("piped");
     let mut stdout = child.stdout.take().expect("piped");
@@ -91,21 +94,36 @@ async fn run(ctx: JobContext, command: &str) -> HandlerOutcome {
     let err = tokio::spawn(async move { read_capped(&mut stderr).await });
 
     let mut cancel_sent = false;
+    // A command that ignores its stop is killed `GRACE` after it.
+    let mut stop_deadline: Option<tokio::time::Instant> = None;
     let status = loop {
+        let deadline = async {
+            match stop_deadline {
+                Some(d) => tokio::time::sleep_until(d).await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
             s = child.wait() => break s,
             _ = ctx.cancelled(), if !cancel_sent => {
                 cancel_sent = true;
                 match ctx.stop_reason() {
-                    Some(StopReason::LeaseLost) => group.signal(NixSignal::SIGKILL),
-                    _ => group.signal(NixSignal::SIGTERM),
+                    Some(StopReason::LeaseLost) => procs.kill_all(),
+                    _ => {
+                        procs.stop();
+                        stop_deadline = Some(tokio::time::Instant::now() + GRACE);
+                    }
                 }
+            }
+            _ = deadline => {
+                procs.force();
+                stop_deadline = None;
             }
         }
     };
     // Children may outlive `sh` (and hold its pipes open): nothing is
-    // decided until the whole group is gone.
-    let ended = group.wait_empty(cancel_sent).await;
+    // decided until every process of the command is gone.
+    let ended = procs.wait_gone().await;
     let _ = feed.await;
     let stdout = out.await.unwrap_or_default();
     let stderr = err.await.unwrap_or_default();
@@ -125,14 +143,23 @@ async fn run(ctx: JobContext, command: &str) -> HandlerOutcome {
     let terminated = status.signal() == Some(libc_sigterm()) || status.code() == Some(143);
     match status.code() {
         Some(0) => HandlerOutcome::Success(Some(result_of(&stdout))),
-        // A process had to be killed: what it did before is unknown, so the
-        // job must not read as cancelled (no further side effect) or retried.
-        _ if ended == GroupEnd::Killed => HandlerOutcome::Permanent {
+        // A process went on after the command (or after its stop) with
+        // SIGTERM caught or ignored: what it did is unknown, so the job must
+        // not read as cancelled (no further side effect) or be retried.
+        _ if ended == End::Killed => HandlerOutcome::Permanent {
             code: "exec_group_killed".into(),
             message: Some(format!(
-                "a process of the command outlived it and ignored SIGTERM for {}s; it was killed (side effects uncertain)",
-                GROUP_GRACE.as_secs()
+                "a process of the command was still running {}s after SIGTERM; it was killed (side effects uncertain)",
+                GRACE.as_secs()
             )),
+        },
+        _ if ended == End::Outlived => HandlerOutcome::Permanent {
+            code: "exec_outlived".into(),
+            message: Some(
+                "the command handled SIGTERM but exited while some of its processes still ran; they were killed \
+                 (side effects uncertain)"
+                    .into(),
+            ),
         },
         _ if cancel_sent && terminated && ctx.stop_reason() == Some(StopReason::CancelRequested) => {
             HandlerOutcome::Cancelled
@@ -154,93 +181,6 @@ async fn run(ctx: JobContext, command: &str) -> HandlerOutcome {
 
 fn libc_sigterm() -> i32 {
     NixSignal::SIGTERM as i32
-}
-
-/// How the command's process group ended.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum GroupEnd {
-    /// Every process exited by itself (or on the SIGTERM it was sent).
-    Exited,
-    /// Some process ignored SIGTERM past the grace period and was killed.
-    Killed,
-}
-
-/// The command's process group; kills it (SIGKILL) when dropped before
-/// every process in it was seen gone.
-struct Group {
-    pgid: Option<i32>,
-}
-
-impl Group {
-    fn of(pid: Option<u32>) -> Self {
-        Group {
-            pgid: pid.map(|p| p as i32),
-        }
-    }
-
-    fn signal(&self, sig: NixSignal) {
-        if let Some(g) = self.pgid {
-            let _ = killpg(Pid::from_raw(g), sig);
-        }
-    }
-
-    /// Waits until no process of the group is alive. Stragglers get SIGTERM
-    /// (unless `term_sent`), then SIGKILL, each after `GROUP_GRACE`.
-    async fn wait_empty(&mut self, mut term_sent: bool) -> GroupEnd {
-        let Some(g) = self.pgid else {
-            return GroupEnd::Exited;
-        };
-        let mut end = GroupEnd::Exited;
-        let mut deadline = tokio::time::Instant::now() + GROUP_GRACE;
-        while group_alive(g) {
-            if tokio::time::Instant::now() >= deadline {
-                if term_sent {
-                    self.signal(NixSignal::SIGKILL);
-                    end = GroupEnd::Killed;
-                } else {
-                    self.signal(NixSignal::SIGTERM);
-                    term_sent = true;
-                }
-                deadline = tokio::time::Instant::now() + GROUP_GRACE;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-        }
-        self.pgid = None;
-        end
-    }
-}
-
-impl Drop for Group {
-    fn drop(&mut self) {
-        self.signal(NixSignal::SIGKILL);
-    }
-}
-
-/// Whether any process of group `pgid` is alive (not a zombie). Reads
-/// `/proc/<pid>/stat`: after the command name, which ends at the last `)`,
-/// come the state and then the parent and group ids. Zombies have done all
-/// they will do; they are left to whoever reaps them.
-fn group_alive(pgid: i32) -> bool {
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        // No procfs: fall back to "does the group exist at all".
-        return killpg(Pid::from_raw(pgid), None).is_ok();
-    };
-    dir.flatten()
-        .filter(|e| {
-            e.file_name()
-                .to_str()
-                .is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit()))
-        })
-        .filter_map(|e| std::fs::read_to_string(e.path().join("stat")).ok())
-        .any(|stat| {
-            let Some((_, rest)) = stat.rsplit_once(')') else {
-                return false;
-            };
-            let mut f = rest.split_whitespace();
-            let state = f.next();
-            let pgrp = f.nth(1).and_then(|p| p.parse::<i32>().ok());
-            pgrp == Some(pgid) && !matches!(state, Some("Z") | Some("X"))
-        })
 }
 
 async fn read_capped<R: tokio::io::AsyncRead + Unpin>(r: &mut R) -> Vec<u8> {

@@ -8,6 +8,7 @@
 mod background;
 mod committer;
 pub mod exec;
+mod exec_procs;
 mod handler;
 pub mod metrics;
 mod runtime;
