@@ -154,7 +154,14 @@ impl LogReader {
         let early = if jobs.is_empty() {
             vec![]
         } else {
-            readers::left_out_versions(&mut conn, next.txid, next.position, &jobs, &up_to).await?
+            readers::left_out_versions(
+                &mut conn,
+                (after.txid, after.position),
+                (next.txid, next.position),
+                &jobs,
+                &up_to,
+            )
+            .await?
         };
         let n_early = early.len();
         let mut events: Vec<LogEvent> = early.into_iter().chain(rows).map(to_log).collect();

@@ -449,3 +449,40 @@ async fn a_lost_race_never_switches_in_a_partial_rebuild() {
     assert_eq!(done.switched_to, Some(1));
     assert_eq!(timeline_rows(&db).await, 30, "the rebuilt table is complete");
 }
+
+/// Review of issue 9: a rebuild that caught up switches in even while an
+/// open transaction of this database holds the horizon and commits wait
+/// behind it (under steady load some always do); it is not behind the
+/// serving table, which cannot have them either.
+#[tokio::test]
+async fn a_caught_up_rebuild_switches_while_commits_wait_behind_the_horizon() {
+    let db = fresh().await;
+    for i in 0..5 {
+        db.enqueue(Some(&format!("h{i}")), json!({ "i": i })).await;
+    }
+    let reader = LogReader::open(db.ledger.pool().clone(), "projections")
+        .await
+        .unwrap();
+    let r = Runner::new(db.ledger.pool().clone(), &reader, 10).await.unwrap();
+    r.catch_up(&[&JobTimeline]).await.unwrap();
+    r.start_rebuild(&JobTimeline).await.unwrap();
+
+    let mut holder = db.ledger.pool().begin().await.unwrap();
+    sqlx::query("SELECT pg_current_xact_id()")
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    db.enqueue(Some("waits"), json!({})).await;
+    let first = r.step(&[&JobTimeline]).await.unwrap();
+    assert_eq!((first.rebuilt, first.switched_to), (5, None));
+    let second = r.step(&[&JobTimeline]).await.unwrap();
+    assert_eq!(
+        second.switched_to,
+        Some(1),
+        "caught up with the serving table: switched although a commit waits behind the horizon"
+    );
+    assert_eq!(timeline_rows(&db).await, 5);
+    holder.rollback().await.unwrap();
+    r.catch_up(&[&JobTimeline]).await.unwrap();
+    assert_eq!(timeline_rows(&db).await, 6, "the waiting commit arrives");
+}

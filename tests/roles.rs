@@ -173,3 +173,92 @@ async fn the_projection_cannot_change_without_its_event() {
     );
     db.assert_verified().await;
 }
+
+/// Issue 9 review: what only the database may write. A worker cannot name
+/// an event's `txid` or `position` (a forged txid below a reader's
+/// checkpoint is never read; one far ahead keeps every reader "behind"),
+/// nor touch the per-key epoch floor; an admin cannot delete a job without
+/// its purge, nor re-insert it at a later version as another job.
+#[tokio::test]
+async fn the_log_order_and_the_key_floors_are_the_databases_alone() {
+    let db = fresh().await;
+    let job = db.enqueue(Some("k"), json!({"amount": 5})).await;
+    let append = |cols: &str, vals: &str| {
+        format!(
+            "INSERT INTO jobledger.events ({cols}job_id, version, type, from_state, to_state, reason, actor, epoch, \
+               token, attempt, run, data, recorded_at, prev_hash, hash) \
+             SELECT {vals}job_id, version + 1, 'observed', state, state, 'observation', 'mallory', epoch, token, \
+               attempt, run, '{{\"key\": \"x\", \"data\": {{}}, \"digest\": \"d\"}}', clock_timestamp(), last_hash, \
+               'forged' FROM jobledger.jobs WHERE job_id = '{}'",
+            job.job_id
+        )
+    };
+    let mut worker = sqlx::PgConnection::connect(&as_role(&db.url, "jobledger_worker"))
+        .await
+        .unwrap();
+    for sql in [
+        append("txid, ", "'3'::xid8, "),
+        append("position, ", "1, ").replace(") SELECT", ") OVERRIDING SYSTEM VALUE SELECT"),
+        "UPDATE jobledger.key_floors SET epoch = 0".into(),
+        "INSERT INTO jobledger.key_floors VALUES ('q', 'k', 9223372036854775806)".into(),
+    ] {
+        let err = sqlx::raw_sql(&sql).execute(&mut worker).await.unwrap_err();
+        let code = err
+            .as_database_error()
+            .and_then(|d| d.code())
+            .map(|c| c.to_string());
+        assert_eq!(code.as_deref(), Some("42501"), "{sql}: {err}");
+    }
+
+    let mut admin = sqlx::PgConnection::connect(&as_role(&db.url, "jobledger_admin"))
+        .await
+        .unwrap();
+    let id = job.job_id;
+    let vanish = format!("DELETE FROM jobledger.jobs WHERE job_id = '{id}'");
+    // Deleted, then back at version 2 as a done job, next to a second
+    // `enqueued` event that matches the row in every column checked.
+    let reborn = format!(
+        "BEGIN; \
+         CREATE TEMP TABLE old ON COMMIT DROP AS SELECT * FROM jobledger.jobs WHERE job_id = '{id}'; \
+         DELETE FROM jobledger.jobs WHERE job_id = '{id}'; \
+         INSERT INTO jobledger.events (job_id, version, type, from_state, to_state, reason, actor, epoch, token, \
+           attempt, run, data, recorded_at, prev_hash, hash) \
+         SELECT e.job_id, 2, 'enqueued', e.from_state, 'succeeded', e.reason, 'mallory', e.epoch, e.token, e.attempt, \
+           e.run, e.data, e.recorded_at, e.hash, 'forged' FROM jobledger.events e WHERE e.job_id = '{id}'; \
+         UPDATE old SET state = 'succeeded', version = 2, last_hash = 'forged'; \
+         INSERT INTO jobledger.jobs SELECT * FROM old; \
+         COMMIT;"
+    );
+    for sql in [vanish, reborn] {
+        let err = sqlx::raw_sql(&sql).execute(&mut admin).await.unwrap_err();
+        let code = err
+            .as_database_error()
+            .and_then(|d| d.code())
+            .map(|c| c.to_string());
+        assert_eq!(
+            code.as_deref(),
+            Some(jobledger::store::ROW_WITHOUT_EVENT),
+            "{sql}: {err}"
+        );
+        let _ = sqlx::raw_sql("ROLLBACK").execute(&mut admin).await;
+    }
+    let j = db.job(id).await;
+    assert_eq!((j.state, j.version), (jobledger::domain::JobState::Queued, 1));
+    assert_eq!(
+        db.count("SELECT count(*) FROM jobledger.events").await,
+        1,
+        "nothing kept"
+    );
+
+    // The honest way out still works, as the admin: a purge.
+    let admin_ledger = Ledger::connect(&as_role(&db.url, "jobledger_admin"), 2)
+        .await
+        .unwrap();
+    assert!(admin_ledger.cancel(id, None).await.unwrap().committed());
+    assert_eq!(admin_ledger.purge(Duration::ZERO, 10).await.unwrap(), 1);
+    assert!(matches!(
+        db.ledger.show(id).await.unwrap(),
+        jobledger::ledger::Found::Purged(_)
+    ));
+    db.assert_verified().await;
+}

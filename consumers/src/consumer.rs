@@ -58,12 +58,20 @@ impl HandlerError {
 /// Connection trouble and the SQLSTATE classes that are about the server,
 /// not the statement: 08 connection, 40 rollback (serialization, deadlock),
 /// 53 insufficient resources, 55P03 lock not available, 57 operator
-/// intervention (shutdown, cancel), 58 system error.
+/// intervention (shutdown, cancel), 58 system error — and 42 (permission
+/// denied, table missing, bad SQL): the same for every message, so it is an
+/// operator's or a deploy's mistake (a revoked grant, a migration halfway),
+/// never one message's fault. Dead-lettering it would pass every offset
+/// and empty the stream into the dead-letter table; retrying halts the
+/// consumer loudly until someone fixes it, and loses nothing.
 pub fn transient_db(e: &sqlx::Error) -> bool {
     match e {
-        sqlx::Error::Database(d) => d
-            .code()
-            .is_some_and(|c| c == "55P03" || ["08", "40", "53", "57", "58"].iter().any(|p| c.starts_with(p))),
+        sqlx::Error::Database(d) => d.code().is_some_and(|c| {
+            c == "55P03"
+                || ["08", "40", "42", "53", "57", "58"]
+                    .iter()
+                    .any(|p| c.starts_with(p))
+        }),
         sqlx::Error::Io(_)
         | sqlx::Error::Tls(_)
         | sqlx::Error::PoolTimedOut

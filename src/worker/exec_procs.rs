@@ -98,8 +98,15 @@ impl Procs {
     /// A cancel or a shutdown: asks the command to stop with SIGTERM.
     pub fn stop(&mut self) {
         let Some(top) = self.top else { return };
+        // Frozen before its disposition is read: a command that installs a
+        // SIGTERM handler between the read and the stop would otherwise be
+        // treated as one that dies at once, and run its handler (and any
+        // side effect in it) after a stop that counted as confirmed.
+        let _ = kill(Pid::from_raw(top), Signal::SIGSTOP);
         if matches!(term_disposition(top), Disposition::Default) {
-            self.freeze();
+            if !self.freeze() {
+                self.forced = true; // some process may still run: never confirmed
+            }
             let _ = kill(Pid::from_raw(top), Signal::SIGTERM);
             let _ = kill(Pid::from_raw(top), Signal::SIGCONT);
             for m in members(top, &self.tag).into_iter().filter(|m| m.pid != top) {
@@ -107,7 +114,9 @@ impl Procs {
             }
             self.stopping = Stopping::Frozen;
         } else {
+            // Pending while it is stopped; its handler runs once it goes on.
             let _ = kill(Pid::from_raw(top), Signal::SIGTERM);
+            let _ = kill(Pid::from_raw(top), Signal::SIGCONT);
             self.stopping = Stopping::TrustTop;
         }
     }
@@ -121,15 +130,18 @@ impl Procs {
 
     /// A lost lease: nothing the command does counts any more.
     pub fn kill_all(&mut self) {
-        self.freeze();
+        let _ = self.freeze();
         self.signal_all(Signal::SIGKILL);
         self.stopping = Stopping::Frozen;
     }
 
     /// Freezes the command and then every process of it, rescanning until
     /// no unfrozen one is left: a frozen process cannot start another.
-    fn freeze(&self) {
-        let Some(top) = self.top else { return };
+    /// False when processes were still starting after 100 rescans (a fork
+    /// storm): then nothing proves none of them acts after the stop.
+    #[must_use]
+    fn freeze(&self) -> bool {
+        let Some(top) = self.top else { return true };
         if !self.top_exited {
             let _ = kill(Pid::from_raw(top), Signal::SIGSTOP);
         }
@@ -139,12 +151,13 @@ impl Procs {
                 .filter(|m| !m.stopped)
                 .collect();
             if running.is_empty() {
-                return;
+                return true;
             }
             for m in running {
                 let _ = kill(Pid::from_raw(m.pid), Signal::SIGSTOP);
             }
         }
+        false
     }
 
     fn signal_all(&self, sig: Signal) {
