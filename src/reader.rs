@@ -101,6 +101,57 @@ fn to_log(e: LoggedEvent) -> LogEvent {
     }
 }
 
+/// The versions the batch `rows` (read after `after`, ending at `next`)
+/// left out: for each job, those below its highest version in the batch
+/// that lie past the batch's end (docs/log-reader.md, trap 2). Versions in
+/// the batch's own span (from one below its lowest to its highest) are one
+/// range probe per job; only when the version below the lowest one is
+/// itself past the end (the predecessor trap at a batch's start, rare) is
+/// the job walked further down, to the first version the checkpoint passed.
+async fn left_out(
+    conn: &mut sqlx::PgConnection,
+    after: Checkpoint,
+    next: Checkpoint,
+    rows: &[LoggedEvent],
+) -> LedgerResult<Vec<LoggedEvent>> {
+    let mut span: HashMap<Uuid, (i64, i64, i64)> = HashMap::new(); // (min, max, count)
+    for r in rows {
+        let e = span.entry(r.row.job_id).or_insert((i64::MAX, 0, 0));
+        *e = (e.0.min(r.row.version), e.1.max(r.row.version), e.2 + 1);
+    }
+    // A job whose versions in the batch are 1..=max (each once) cannot miss
+    // anything; every other job may have versions below its highest one
+    // still ahead in txid order.
+    let spans: Vec<(Uuid, i64, i64)> = span
+        .into_iter()
+        .filter(|(_, (lo, hi, n))| !(*lo == 1 && *n == *hi))
+        .map(|(id, (lo, hi, _))| (id, lo, hi))
+        .collect();
+    if spans.is_empty() {
+        return Ok(vec![]);
+    }
+    let end = (next.txid, next.position);
+    let jobs: Vec<Uuid> = spans.iter().map(|s| s.0).collect();
+    let from: Vec<i64> = spans.iter().map(|s| (s.1 - 1).max(1)).collect();
+    let below: Vec<i64> = spans.iter().map(|s| s.2).collect();
+    let mut early = readers::versions_past(conn, end, &jobs, &from, &below).await?;
+    // Jobs whose version below the batch's lowest is past the end too.
+    let found: std::collections::HashSet<(Uuid, i64)> =
+        early.iter().map(|e| (e.row.job_id, e.row.version)).collect();
+    let deeper: Vec<(Uuid, i64)> = spans
+        .iter()
+        .filter(|(id, lo, _)| found.contains(&(*id, lo - 1)))
+        .map(|(id, lo, _)| (*id, lo - 1))
+        .collect();
+    if !deeper.is_empty() {
+        let (jobs, up_to): (Vec<Uuid>, Vec<i64>) = deeper.into_iter().unzip();
+        let walked =
+            readers::left_out_versions(conn, (after.txid, after.position), end, &jobs, &up_to).await?;
+        early.extend(walked);
+    }
+    Ok(early)
+}
+
 impl LogReader {
     pub async fn open(pool: PgPool, name: &str) -> LedgerResult<Self> {
         readers::ensure_reader(&pool, name).await?;
@@ -136,33 +187,7 @@ impl LogReader {
             txid: last.txid,
             position: last.row.position,
         };
-        // Per job: the highest version in the batch, and whether the batch
-        // holds every version from its lowest one up to it.
-        let mut span: HashMap<Uuid, (i64, i64, i64)> = HashMap::new(); // (min, max, count)
-        for r in &rows {
-            let e = span.entry(r.row.job_id).or_insert((i64::MAX, 0, 0));
-            *e = (e.0.min(r.row.version), e.1.max(r.row.version), e.2 + 1);
-        }
-        // A job whose versions in the batch are 1..=max (each once) cannot
-        // miss anything; every other job may have versions below its highest
-        // one still ahead in txid order.
-        let (jobs, up_to): (Vec<Uuid>, Vec<i64>) = span
-            .into_iter()
-            .filter(|(_, (lo, hi, n))| !(*lo == 1 && *n == *hi))
-            .map(|(id, (_, hi, _))| (id, hi))
-            .unzip();
-        let early = if jobs.is_empty() {
-            vec![]
-        } else {
-            readers::left_out_versions(
-                &mut conn,
-                (after.txid, after.position),
-                (next.txid, next.position),
-                &jobs,
-                &up_to,
-            )
-            .await?
-        };
+        let early = left_out(&mut conn, after, next, &rows).await?;
         let n_early = early.len();
         let mut events: Vec<LogEvent> = early.into_iter().chain(rows).map(to_log).collect();
         // Per job in version order; a job's events keep their relative order

@@ -4,7 +4,7 @@
 mod common;
 
 use common::fresh;
-use jobledger::domain::{ErrorClass, JobState, NextAction, Outcome, Reason};
+use jobledger::domain::{ErrorClass, JobState, NextAction, Outcome, Policy, Reason};
 use jobledger::fake_provider::FakeProvider;
 use serde_json::json;
 use std::sync::Arc;
@@ -470,5 +470,51 @@ async fn a_claim_decides_on_the_row_version_it_locked() {
         (JobState::Leased, 3),
         "claimed after the observation"
     );
+    db.assert_verified().await;
+}
+
+/// Issue 10 item 2: a retried lease-ending write (its first response lost)
+/// after the job moved on. A's transient `fail` re-queued the job and B
+/// claimed it: A's retry with the same failure is `already_committed`, with
+/// another one `conflict` (A's write is still the job's last lease-ending
+/// write). Once B also ended its lease, A's retry is simply `stale`. None
+/// of them writes anything or touches B's lease.
+#[tokio::test]
+async fn a_retried_fail_after_the_job_moved_on() {
+    let db = fresh().await;
+    let job = db
+        .enqueue_with(Policy {
+            backoff_base_ms: 0,
+            backoff_cap_ms: 0,
+            ..Policy::default()
+        })
+        .await;
+    let a = db.claim_one("worker-a").await;
+    assert!(a
+        .fail(ErrorClass::Transient, "timeout", None)
+        .await
+        .unwrap()
+        .committed());
+    let b = db.claim_one("worker-b").await; // no backoff: due at once
+    assert_eq!(b.fence().token, a.fence().token + 1);
+    let version = db.job(job.job_id).await.version;
+
+    let same = a.fail(ErrorClass::Transient, "timeout", None).await.unwrap();
+    assert_eq!(same.outcome, Outcome::AlreadyCommitted, "{same:?}");
+    let other = a.fail(ErrorClass::Permanent, "declined", None).await.unwrap();
+    assert_eq!(other.outcome, Outcome::Conflict, "{other:?}");
+    let j = db.job(job.job_id).await;
+    assert_eq!(
+        (j.state, j.token, j.version),
+        (JobState::Leased, b.fence().token, version)
+    );
+
+    assert!(b.complete(Some(json!({"by": "b"}))).await.unwrap().committed());
+    let late = a.fail(ErrorClass::Transient, "timeout", None).await.unwrap();
+    assert_eq!(late.outcome, Outcome::Stale, "{late:?}");
+    let late_other = a.fail(ErrorClass::Permanent, "declined", None).await.unwrap();
+    assert_eq!(late_other.outcome, Outcome::Stale, "{late_other:?}");
+    let j = db.job(job.job_id).await;
+    assert_eq!((j.state, j.version), (JobState::Succeeded, version + 1));
     db.assert_verified().await;
 }

@@ -207,23 +207,23 @@ async fn backoff_jitter_spreads_retries() {
         .claim("q", "w", Duration::from_secs(30), 10)
         .await
         .unwrap();
-    let mut run_ats = vec![];
+    // The delay each retry got, measured from its own failure's time (the
+    // failures happen one after another, so their run_at would differ even
+    // without jitter): "equal jitter" puts it in [base/2, base].
+    let mut delays = vec![];
     for l in &leases {
-        run_ats.push(
-            l.fail(ErrorClass::Transient, "busy", None)
-                .await
-                .unwrap()
-                .job
-                .unwrap()
-                .run_at,
-        );
+        let r = l.fail(ErrorClass::Transient, "busy", None).await.unwrap();
+        let failed_at = r.event.expect("the failure's event").recorded_at;
+        let run_at = r.job.unwrap().run_at;
+        delays.push((run_at - failed_at).num_milliseconds());
     }
-    run_ats.sort();
-    run_ats.dedup();
     assert!(
-        run_ats.len() >= 8,
-        "retries should not wake together: {run_ats:?}"
+        delays.iter().all(|d| (30_000..=60_000).contains(d)),
+        "within [base/2, base]: {delays:?}"
     );
+    delays.sort();
+    delays.dedup();
+    assert!(delays.len() >= 8, "retries should not wake together: {delays:?}");
 }
 
 /// Scenario 10: a double click or a gateway retry is one job; a different

@@ -27,6 +27,10 @@ pub struct Hooks {
     /// Runs before each batch of heartbeats: blocking it freezes the worker's
     /// lease keeping, as a stalled process would.
     pub before_heartbeat: Option<Arc<dyn Fn() -> BoxFuture<()> + Send + Sync>>,
+    /// Runs each time the claim loop has claimed what it could and is about
+    /// to wait for a wake-up (a notification, a freed slot, the poll): a
+    /// test knows from it that only a wake-up starts the next claim.
+    pub idle: Option<Arc<dyn Fn() -> BoxFuture<()> + Send + Sync>>,
 }
 
 struct Shared {
@@ -106,6 +110,9 @@ pub(crate) async fn run(
             }
             if started > 0 && started == free {
                 continue; // possibly more due work: claim again as slots free up
+            }
+            if let Some(idle) = &cfg.hooks.idle {
+                idle().await;
             }
             tokio::select! {
                 _ = shutdown.cancelled() => {}

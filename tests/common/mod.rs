@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod kafka;
+pub mod workers;
 
 use jobledger::domain::{NewJob, Policy};
 use jobledger::ledger::{Lease, Ledger};
