@@ -516,3 +516,56 @@ impl Drop for Prepared {
             .status();
     }
 }
+
+/// The predecessor trap two deep: T_b takes its xid before J even exists,
+/// J is enqueued (v1) and claimed (v2) by newer transactions, then T_b
+/// appends J v3. In txid order the log reads J v3, J v1, J v2: a batch
+/// holding v3 must also hand out v2 *and* v1, both still ahead of it.
+#[tokio::test]
+async fn a_job_whose_first_versions_all_lie_ahead_is_handed_out_from_v1() {
+    let db = fresh().await;
+    let mut t_b = db.ledger.pool().begin().await.unwrap();
+    db.ledger
+        .enqueue_in(&mut t_b, new_job("q", Some("early"), json!({})))
+        .await
+        .unwrap(); // T_b's xid, older than all of J's
+    let j = db.enqueue(Some("J"), json!({})).await; // v1
+    let leases = db
+        .ledger
+        .claim("q", "w", Duration::from_secs(30), 1)
+        .await
+        .unwrap();
+    assert_eq!(leases[0].job_id(), j.job_id); // v2 (T_b's job is not committed yet)
+    let r = db
+        .ledger
+        .observe_in(&mut t_b, j.job_id, None, "receipt", json!({}), "w")
+        .await
+        .unwrap();
+    assert!(r.committed()); // v3
+    t_b.commit().await.unwrap();
+    let txid = |v: i64| {
+        let pool = db.ledger.pool().clone();
+        async move {
+            sqlx::query_scalar::<_, i64>(
+                "SELECT txid::text::bigint FROM jobledger.events WHERE job_id = $1 AND version = $2",
+            )
+            .bind(j.job_id)
+            .bind(v)
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+        }
+    };
+    assert!(
+        txid(3).await < txid(1).await && txid(1).await < txid(2).await,
+        "the trap is set"
+    );
+    for limit in [1, 2, 3, 5, 5000] {
+        let reader = LogReader::open(db.ledger.pool().clone(), &format!("deep{limit}"))
+            .await
+            .unwrap();
+        let (events, _) = drain(&reader, Checkpoint::default(), limit).await;
+        let last = first_seen_in_order(&events, &format!("limit {limit}"));
+        assert_eq!(last[&j.job_id], 3, "limit {limit}: all of J's versions");
+    }
+}
