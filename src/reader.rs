@@ -1,6 +1,6 @@
 //! The log reader shared by the relay and async projections.
 //!
-//! Contract (DESIGN.md "The event log is the outbox"): nothing is ever
+//! Contract (docs/log-reader.md): nothing is ever
 //! skipped, and each job's versions come out in order without gaps;
 //! duplicates are allowed (a consumer drops them by version).
 //!

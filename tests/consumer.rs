@@ -1,5 +1,5 @@
 //! The fenced consumer against the real broker (tansu, via scripts/kafka-up):
-//! DESIGN.md scenario 13 (older generations after newer ones), poison
+//! docs/scenarios.md scenario 13 (older generations after newer ones), poison
 //! messages, and resuming inside a record batch.
 
 mod common;

@@ -1,4 +1,4 @@
-//! DESIGN.md scenarios 1-7: the fence under every interleaving the seeds name.
+//! docs/scenarios.md scenarios 1-7: the fence under every interleaving the seeds name.
 //! Interleavings are forced with gates; time moves by rewriting lease_until.
 
 mod common;

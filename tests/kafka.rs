@@ -1,5 +1,5 @@
 //! The relay and the shipped consumers against the real broker (tansu, via
-//! scripts/kafka-up): DESIGN.md scenario 12, out-of-order commits, a relay
+//! scripts/kafka-up): docs/scenarios.md scenario 12, out-of-order commits, a relay
 //! killed between produce and checkpoint, a zombie relay, the status mirror
 //! and the audit log. The consumer's own fencing is in tests/consumer.rs.
 
@@ -163,8 +163,13 @@ async fn relay_killed_between_produce_and_checkpoint_resends_and_consumers_drop_
         })),
     };
     let (_stop, relay, _) = spawn_relay(&db, cfg);
-    let sent = acked_rx.recv().await.unwrap();
-    assert_eq!(sent, 10);
+    // The first batch is usually all 10; a transaction of another test's
+    // database that the horizon could not attribute may cut it short for
+    // one read, so the test counts what it holds instead of assuming it.
+    let sent = common::within("the relay's first batch is acknowledged", acked_rx.recv())
+        .await
+        .unwrap() as u64;
+    assert!((1..=10).contains(&sent), "{sent}");
     relay.abort(); // killed: its lease stays until it expires
     let _ = relay.await;
     let reader = LogReader::open(db.ledger.pool().clone(), &format!("relay:{topic}"))
@@ -194,13 +199,13 @@ async fn relay_killed_between_produce_and_checkpoint_resends_and_consumers_drop_
     let run = tokio::spawn(async move { consumer.run(&AuditLog, cs).await.unwrap() });
     eventually("the consumer saw both copies", || async {
         let s = c.snapshot();
-        s["applied"].as_u64().unwrap() + s["duplicates"].as_u64().unwrap() >= 20
+        s["applied"].as_u64().unwrap() + s["duplicates"].as_u64().unwrap() >= 10 + sent
     })
     .await;
     let s = c.snapshot();
     assert_eq!(
         (s["applied"].as_u64(), s["duplicates"].as_u64()),
-        (Some(10), Some(10)),
+        (Some(10), Some(sent)),
         "{s}"
     );
     let copied: i64 = sqlx::query_scalar("SELECT count(*) FROM jobledger_consumer.audit_log")

@@ -1,4 +1,4 @@
-//! DESIGN.md scenarios 8-11: cancel, retry classes, duplicate enqueue, purge
+//! docs/scenarios.md scenarios 8-11: cancel, retry classes, duplicate enqueue, purge
 //! and key reuse; plus replay, receipts, sweeper policies and release.
 
 mod common;

@@ -1,6 +1,6 @@
 //! Projections over the log: catch-up with the checkpoint in the same
 //! transaction, idempotent redelivery, a versioned rebuild that keeps the
-//! old table serving until an atomic switch (part of DESIGN.md scenario 14),
+//! old table serving until an atomic switch (part of docs/scenarios.md scenario 14),
 //! and a minimum-position read.
 
 mod common;
@@ -106,7 +106,10 @@ async fn catch_up_rebuild_and_switch() {
     // (and keeps following the live tail), then the view switches.
     let v2: &dyn Projection = &TimelineV2;
     let first = runner.step(&[v1, v2]).await.unwrap();
-    assert_eq!((first.rebuilt, first.switched_to), (4, None));
+    // At most one batch of 4 (fewer if the horizon holds some back for
+    // this one read); either way not switched.
+    assert!(first.rebuilt <= 4, "{first:?}");
+    assert_eq!(first.switched_to, None);
     db.enqueue(Some("during-rebuild"), json!({})).await;
     let served: Vec<String> = sqlx::query_scalar(
         "SELECT column_name::text FROM information_schema.columns WHERE table_schema = 'jobledger_proj' \

@@ -1,4 +1,4 @@
-//! The log reader's contract, with both traps of DESIGN.md forced by gates:
+//! The log reader's contract, with both traps of docs/log-reader.md forced by gates:
 //! writers committing out of position order, and a transaction that took its
 //! xid early appending version n+1 with a smaller txid than version n's.
 

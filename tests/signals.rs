@@ -6,20 +6,13 @@
 mod common;
 
 use common::workers::{base, notified_only, start, stop};
-use common::{eventually, fresh};
+use common::{eventually, fresh, within};
 use jobledger::domain::JobState;
 use jobledger::worker::{BoxFuture, HandlerOutcome, Hooks, JobContext, Stop, StopReason};
 use serde_json::json;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{mpsc, watch};
-
-/// Fails the test instead of hanging when `what` does not arrive in 30 s.
-async fn within<T>(what: &str, f: impl std::future::Future<Output = T>) -> T {
-    tokio::time::timeout(Duration::from_secs(30), f)
-        .await
-        .unwrap_or_else(|_| panic!("timed out after 30 s waiting for: {what}"))
-}
 
 /// Issue 10 item 1: a handler whose lease is taken over while it runs is
 /// told at once by its worker's refused heartbeat (`ctx.cancelled()` fires

@@ -1,11 +1,11 @@
-//! The DESIGN.md scenarios driven through real `Worker`s: zombie worker,
+//! The docs/scenarios.md scenarios driven through real `Worker`s: zombie worker,
 //! takeover with reconcile, cancel at a step boundary, retries, permanent
 //! and exhausted failures, graceful shutdown, two workers on one queue.
 
 mod common;
 
 use common::workers::{base, notified_only, start, stop};
-use common::{eventually, fresh, new_job};
+use common::{eventually, fresh, new_job, within};
 use jobledger::domain::{JobState, NextAction, Policy, Reason};
 use jobledger::fake_provider::FakeProvider;
 use jobledger::worker::{BoxFuture, HandlerOutcome, Hooks, JobContext};
@@ -69,7 +69,7 @@ async fn frozen_worker_is_taken_over_and_its_late_write_is_stale() {
         .build()
         .unwrap();
     let a = start(a);
-    called_rx.recv().await.unwrap();
+    within("A called the provider", called_rx.recv()).await.unwrap();
     db.expire_lease(job.job_id).await;
 
     let p = provider.clone();
@@ -143,7 +143,9 @@ async fn cancel_reaches_the_handler_at_a_step_boundary() {
         .build()
         .unwrap();
     let w = start(w);
-    at_step_rx.recv().await.unwrap();
+    within("the handler reaches its first step", at_step_rx.recv())
+        .await
+        .unwrap();
     let r = db
         .ledger
         .cancel(job.job_id, Some("user clicked cancel"))
@@ -239,7 +241,7 @@ async fn graceful_shutdown_drains_and_releases_unstarted_work() {
         .build()
         .unwrap();
     let (stop_token, handle) = start(w);
-    started_rx.recv().await.unwrap();
+    within("the handler started", started_rx.recv()).await.unwrap();
     stop_token.cancel();
     stop_token.cancel();
     assert!(!handle.is_finished(), "the in-flight job holds the drain");
@@ -271,7 +273,7 @@ async fn graceful_shutdown_drains_and_releases_unstarted_work() {
         .build()
         .unwrap();
     let (stop_token, handle) = start(w);
-    claimed_rx.recv().await.unwrap();
+    within("the claim", claimed_rx.recv()).await.unwrap();
     stop_token.cancel();
     go.notify_one();
     let report = handle.await.unwrap();
@@ -328,7 +330,10 @@ async fn two_workers_never_both_complete_a_job() {
         .build()
         .unwrap();
     let a = start(a);
-    assert_eq!(a_running.recv().await, Some(NextAction::Execute));
+    assert_eq!(
+        within("A runs the race job", a_running.recv()).await,
+        Some(NextAction::Execute)
+    );
 
     let n = 200;
     let news: Vec<_> = (0..n)
@@ -339,7 +344,11 @@ async fn two_workers_never_both_complete_a_job() {
     tx.commit().await.unwrap();
     db.expire_lease(race.job_id).await;
     let b = start(mk("b", b_in, gate_b).build().unwrap());
-    assert_eq!(b_running.recv().await, Some(NextAction::Reconcile), "B took over");
+    assert_eq!(
+        within("B takes the race job over", b_running.recv()).await,
+        Some(NextAction::Reconcile),
+        "B took over"
+    );
 
     open_a.send(true).unwrap(); // A completes while B holds the lease
     eventually("A's completion is refused", || async {

@@ -181,3 +181,11 @@ impl TestDb {
         .await
     }
 }
+
+/// Fails the test instead of hanging when `what` does not arrive in 30 s
+/// (the deadline orders nothing; it turns a hang into a message).
+pub async fn within<T>(what: &str, f: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(Duration::from_secs(30), f)
+        .await
+        .unwrap_or_else(|_| panic!("timed out after 30 s waiting for: {what}"))
+}
