@@ -41,9 +41,37 @@ fn spawn_relay(
     )
 }
 
-/// Every message of the topic: (key, version, job_id) in arrival order per
-/// partition, read with a plain consumer until `expect` arrived.
-async fn read_topic(topic: &str, expect: usize) -> Vec<(String, i64, String)> {
+/// The messages of the topic: (key, version, job_id) in arrival order per
+/// partition, read with a plain consumer until every event of the ledger
+/// arrived at least once (duplicates are not counted toward it).
+async fn read_ledger_from_topic(db: &TestDb, topic: &str) -> Vec<(String, i64, String)> {
+    let want: std::collections::HashSet<(String, i64)> =
+        sqlx::query_as::<_, (Uuid, i64)>("SELECT job_id, version FROM jobledger.events")
+            .fetch_all(db.ledger.pool())
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|(j, v)| (j.to_string(), v))
+            .collect();
+    let mut seen = std::collections::HashSet::new();
+    let mut out = vec![];
+    for m in read_topic_while(topic, |msgs| {
+        seen.extend(msgs.iter().map(|(_, v, j)| (j.clone(), *v)));
+        !want.is_subset(&seen)
+    })
+    .await
+    {
+        out.push(m);
+    }
+    out
+}
+
+/// Every message of the topic, read with a plain consumer while `more`
+/// (given the messages read so far) says so; 60 s at most per message.
+async fn read_topic_while(
+    topic: &str,
+    mut more: impl FnMut(&[(String, i64, String)]) -> bool,
+) -> Vec<(String, i64, String)> {
     let c: StreamConsumer = ClientConfig::new()
         .set("bootstrap.servers", brokers())
         .set("group.id", format!("raw-{}", Uuid::new_v4().simple()))
@@ -53,7 +81,7 @@ async fn read_topic(topic: &str, expect: usize) -> Vec<(String, i64, String)> {
         .unwrap();
     c.subscribe(&[topic]).unwrap();
     let mut out = vec![];
-    while out.len() < expect {
+    while more(&out) {
         let m = tokio::time::timeout(Duration::from_secs(60), c.recv())
             .await
             .expect("messages arrive")
@@ -90,6 +118,22 @@ fn assert_in_order(msgs: &[(String, i64, String)]) -> HashMap<String, i64> {
     seen
 }
 
+/// Each job's last version on the topic is its version in the ledger.
+async fn assert_last_versions_match(db: &TestDb, last: &HashMap<String, i64>) {
+    let ledger: HashMap<String, i64> =
+        sqlx::query_as::<_, (Uuid, i64)>("SELECT job_id, version FROM jobledger.jobs")
+            .fetch_all(db.ledger.pool())
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|(j, v)| (j.to_string(), v))
+            .collect();
+    assert_eq!(
+        last, &ledger,
+        "each job's last version on the topic is the ledger's"
+    );
+}
+
 async fn event_count(db: &TestDb) -> usize {
     db.count("SELECT count(*) FROM jobledger.events").await as usize
 }
@@ -121,14 +165,11 @@ async fn relay_publishes_everything_in_per_job_order() {
     }
     // Everything committed after `slow` waits behind it; nothing is skipped.
     slow.commit().await.unwrap();
-    let total = event_count(&db).await;
-    eventually("the relay published everything", || async {
-        counters.published.load(std::sync::atomic::Ordering::Relaxed) as usize >= total
-    })
-    .await;
-    let msgs = read_topic(&topic, total).await;
+    let msgs = read_ledger_from_topic(&db, &topic).await;
     let last = assert_in_order(&msgs);
     assert_eq!(last.len(), 21);
+    assert_last_versions_match(&db, &last).await;
+    assert!(counters.published.load(std::sync::atomic::Ordering::Relaxed) as usize >= msgs.len() - 1);
     assert!(
         msgs.iter().any(|(k, _, _)| k == "q/slow-key"),
         "keyed by queue and job_key"
@@ -287,10 +328,11 @@ async fn status_mirror_equals_the_ledger() {
     }
     let (stop, relay, counters) = spawn_relay(&db, relay_cfg(&topic));
     let total = event_count(&db).await as u64;
-    eventually("published", || async {
-        counters.published.load(std::sync::atomic::Ordering::Relaxed) >= total
-    })
-    .await;
+    // Every event on the topic (a count of publications would count
+    // duplicates too), the last version of each job the ledger's.
+    let msgs = read_ledger_from_topic(&db, &topic).await;
+    assert_last_versions_match(&db, &assert_in_order(&msgs)).await;
+    assert!(counters.published.load(std::sync::atomic::Ordering::Relaxed) >= total);
     let pool = consumer_db().await;
     let consumer = fenced(&topic, pool.clone()).await;
     consume_until(&consumer, &StatusMirror, "mirrored", |s| {
@@ -321,10 +363,11 @@ async fn verify_checks_the_audit_log_against_the_chain() {
     l.complete(Some(json!({"ok": true}))).await.unwrap();
     let (stop, relay, counters) = spawn_relay(&db, relay_cfg(&topic));
     let total = event_count(&db).await as u64;
-    eventually("published", || async {
-        counters.published.load(std::sync::atomic::Ordering::Relaxed) >= total
-    })
-    .await;
+    // Every event on the topic (a count of publications would count
+    // duplicates too), the last version of each job the ledger's.
+    let msgs = read_ledger_from_topic(&db, &topic).await;
+    assert_last_versions_match(&db, &assert_in_order(&msgs)).await;
+    assert!(counters.published.load(std::sync::atomic::Ordering::Relaxed) >= total);
     let url = format!("{}/jlt_{}", common::server_url(), Uuid::new_v4().simple());
     jobledger::store::schema::create_database_if_missing(&jobledger::ledger::connect_options(&url).unwrap())
         .await
@@ -413,11 +456,9 @@ async fn two_queues_sharing_a_job_key_do_not_share_a_fence() {
     assert!(first.epoch < second.epoch && second.epoch < third.epoch);
     let (stop, relay, counters) = spawn_relay(&db, relay_cfg(&topic));
     let total = event_count(&db).await as u64;
-    eventually("published", || async {
-        counters.published.load(std::sync::atomic::Ordering::Relaxed) >= total
-    })
-    .await;
-    let msgs = read_topic(&topic, total as usize).await;
+    let msgs = read_ledger_from_topic(&db, &topic).await;
+    assert_last_versions_match(&db, &assert_in_order(&msgs)).await;
+    assert!(counters.published.load(std::sync::atomic::Ordering::Relaxed) >= total);
     let keys: std::collections::BTreeSet<&str> = msgs.iter().map(|(k, _, _)| k.as_str()).collect();
     assert_eq!(
         keys.into_iter().collect::<Vec<_>>(),
