@@ -76,3 +76,25 @@ $$;
 
 CREATE CONSTRAINT TRIGGER jobs_need_purge AFTER DELETE ON jobledger.jobs
     DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION jobledger.check_job_purged();
+
+-- A tombstone is written only by a purge: the `purged` event of the same
+-- job and version with the same hash, appended in the same transaction. A
+-- bare tombstone would raise the key's epoch floor (the floor trigger runs
+-- as the owner) or squat on a live job's id so that its purge fails.
+CREATE FUNCTION jobledger.check_tombstone_purged() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM jobledger.events e
+                   WHERE e.job_id = NEW.job_id AND e.version = NEW.version AND e.type = 'purged'
+                     AND e.hash = NEW.last_hash AND e.epoch = NEW.epoch
+                     AND e.txid = pg_current_xact_id())
+       OR EXISTS (SELECT 1 FROM jobledger.jobs j WHERE j.job_id = NEW.job_id) THEN
+        RAISE EXCEPTION 'tombstone of job % written without its purge', NEW.job_id
+            USING ERRCODE = 'JL001',
+                  HINT = 'a job leaves the projection only by a purge (jobledger purge)';
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+CREATE CONSTRAINT TRIGGER tombstones_need_purge AFTER INSERT ON jobledger.tombstones
+    DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION jobledger.check_tombstone_purged();

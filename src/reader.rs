@@ -239,7 +239,9 @@ impl LogReader {
     }
 
     /// Moves the checkpoint to the current end of the log: the reader will
-    /// hand out only what is written from now on.
+    /// hand out only what is written from now on. The no-gap promise is a
+    /// promise from position 0: a job straddling the cut is seen from the
+    /// middle of its stream (docs/log-reader.md, "Starting mid-log").
     pub async fn skip_to_end(&self) -> LedgerResult<Checkpoint> {
         let (txid, position) = readers::log_tail(&self.pool).await?.unwrap_or((0, 0));
         let cp = Checkpoint { txid, position };

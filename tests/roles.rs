@@ -229,7 +229,13 @@ async fn the_log_order_and_the_key_floors_are_the_databases_alone() {
          INSERT INTO jobledger.jobs SELECT * FROM old; \
          COMMIT;"
     );
-    for sql in [vanish, reborn] {
+    // A bare tombstone would raise the key's epoch floor (a key nobody can
+    // enqueue) or squat on a live job's id (its purge would fail).
+    let squat = format!(
+        "INSERT INTO jobledger.tombstones (job_id, queue, job_key, epoch, token, state, version, last_hash, purged_at) \
+         VALUES ('{id}', 'q', 'k', 9000000000000000000, 0, 'succeeded', 2, 'x', now())"
+    );
+    for sql in [vanish, reborn, squat] {
         let err = sqlx::raw_sql(&sql).execute(&mut admin).await.unwrap_err();
         let code = err
             .as_database_error()
@@ -248,6 +254,11 @@ async fn the_log_order_and_the_key_floors_are_the_databases_alone() {
         db.count("SELECT count(*) FROM jobledger.events").await,
         1,
         "nothing kept"
+    );
+    assert_eq!(
+        db.count("SELECT count(*) FROM jobledger.key_floors").await,
+        0,
+        "no floor raised"
     );
 
     // The honest way out still works, as the admin: a purge.

@@ -103,7 +103,13 @@ impl Procs {
         // treated as one that dies at once, and run its handler (and any
         // side effect in it) after a stop that counted as confirmed.
         let _ = kill(Pid::from_raw(top), Signal::SIGSTOP);
-        if matches!(term_disposition(top), Disposition::Default) {
+        // SIGSTOP takes effect on the process's way back to user mode: until
+        // `/proc` shows it stopped, a `sigaction` on the other core may still
+        // land after the read. Never seen stopped (in uninterruptible sleep
+        // for 200 ms): treated as handled, so never confirmed by freezing.
+        // Gone: it can install nothing any more; its processes are frozen.
+        let settled = wait_stopped(top);
+        if settled && matches!(term_disposition(top), Disposition::Default) {
             if !self.freeze() {
                 self.forced = true; // some process may still run: never confirmed
             }
@@ -253,6 +259,24 @@ enum Disposition {
     Default,
     /// The process catches, ignores or blocks SIGTERM (or it is unknown).
     Handled,
+}
+
+/// Waits (up to 200 ms) until `pid` is stopped (state `T`) or gone (a
+/// zombie, or reaped): true then, false while it still runs.
+fn wait_stopped(pid: i32) -> bool {
+    for _ in 0..200 {
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            return true;
+        };
+        match stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+        {
+            Some("T" | "t" | "Z" | "X") | None => return true,
+            Some(_) => std::thread::sleep(Duration::from_millis(1)),
+        }
+    }
+    false
 }
 
 /// What SIGTERM does to `pid`, from `/proc/<pid>/status`.
