@@ -70,6 +70,11 @@ impl Ledger {
                 .problems
                 .push(problem(id, None, None, "projection row has no events".into()));
         }
+        for id in tombstones::orphan_tombstone_ids(&mut *tx).await? {
+            report
+                .problems
+                .push(problem(id, None, None, "tombstone has no events".into()));
+        }
         Ok(report)
     }
 }
@@ -139,6 +144,11 @@ fn compare(
     report: &mut VerifyReport,
 ) {
     let p = |d: String| problem(id, Some(replayed.version), None, d);
+    if !purged && grave.is_some() {
+        report
+            .problems
+            .push(p("tombstone of a job the log says was never purged".into()));
+    }
     match (purged, row, grave) {
         (false, Some(row), _) => match Job::try_from(row) {
             Ok(stored) if stored == *replayed => {}

@@ -35,3 +35,13 @@ pub async fn tombstones_by_ids<'e>(
     let sql = format!("SELECT {COLUMNS} FROM jobledger.tombstones WHERE job_id = ANY($1)");
     Ok(sqlx::query_as(&sql).bind(ids).fetch_all(exec).await?)
 }
+
+/// Tombstones of jobs with no event at all: written around the log.
+pub async fn orphan_tombstone_ids<'e>(exec: impl PgExecutor<'e>) -> StoreResult<Vec<Uuid>> {
+    Ok(sqlx::query_scalar(
+        "SELECT job_id FROM jobledger.tombstones t WHERE NOT EXISTS \
+         (SELECT 1 FROM jobledger.events e WHERE e.job_id = t.job_id)",
+    )
+    .fetch_all(exec)
+    .await?)
+}
