@@ -10,15 +10,24 @@ use jobledger::ledger::Lease;
 use serde_json::json;
 use std::time::Duration;
 
+/// Four jobs, each claimed by worker `a`.
+async fn four_leases(db: &common::TestDb, prefix: &str) -> [Lease; 4] {
+    let mut leases = vec![];
+    for i in 0..4 {
+        db.enqueue(Some(&format!("{prefix}{i}")), json!({ "i": i })).await;
+        leases.push(db.claim_one("a").await);
+    }
+    <[Lease; 4]>::try_from(leases).ok().unwrap()
+}
+
+fn answered(answers: &[jobledger::ledger::WriteResult]) -> Vec<(uuid::Uuid, Outcome)> {
+    answers.iter().map(|r| (r.job_id, r.outcome)).collect()
+}
+
 #[tokio::test]
 async fn batched_completions_are_fenced_one_by_one_and_answered_in_order() {
     let db = fresh().await;
-    let mut leases = vec![];
-    for i in 0..4 {
-        db.enqueue(Some(&format!("c{i}")), json!({ "i": i })).await;
-        leases.push(db.claim_one("a").await);
-    }
-    let [live, taken, done, other] = <[Lease; 4]>::try_from(leases).ok().unwrap();
+    let [live, taken, done, other] = four_leases(&db, "c").await;
     db.expire_lease(taken.job_id()).await;
     let successor = db.claim_one("b").await; // takes `taken` over
     assert_eq!(successor.job_id(), taken.job_id());
@@ -37,7 +46,7 @@ async fn batched_completions_are_fenced_one_by_one_and_answered_in_order() {
     )
     .await
     .unwrap();
-    let got: Vec<(uuid::Uuid, Outcome)> = answers.iter().map(|r| (r.job_id, r.outcome)).collect();
+    let got = answered(&answers);
     assert_eq!(
         got,
         vec![
@@ -64,12 +73,7 @@ async fn batched_completions_are_fenced_one_by_one_and_answered_in_order() {
 #[tokio::test]
 async fn batched_heartbeats_are_fenced_one_by_one_and_answered_in_order() {
     let db = fresh().await;
-    let mut leases = vec![];
-    for i in 0..4 {
-        db.enqueue(Some(&format!("h{i}")), json!({ "i": i })).await;
-        leases.push(db.claim_one("a").await);
-    }
-    let [cancelled, live, taken, finished] = <[Lease; 4]>::try_from(leases).ok().unwrap();
+    let [cancelled, live, taken, finished] = four_leases(&db, "h").await;
     db.ledger.cancel(cancelled.job_id(), None).await.unwrap();
     db.expire_lease(taken.job_id()).await;
     db.claim_one("b").await;
@@ -83,7 +87,7 @@ async fn batched_heartbeats_are_fenced_one_by_one_and_answered_in_order() {
     )
     .await
     .unwrap();
-    let got: Vec<(uuid::Uuid, Outcome)> = answers.iter().map(|r| (r.job_id, r.outcome)).collect();
+    let got = answered(&answers);
     assert_eq!(
         got,
         vec![

@@ -7,6 +7,17 @@ use common::fresh;
 use serde_json::json;
 use uuid::Uuid;
 
+/// A superuser's connection with the database's triggers off: the attacker
+/// who can rewrite rows around every check the database makes.
+async fn around_the_triggers(db: &common::TestDb) -> sqlx::PgConnection {
+    let mut conn = db.conn().await;
+    sqlx::query("SET session_replication_role = replica")
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    conn
+}
+
 async fn finished_job(db: &common::TestDb) -> Uuid {
     let job = db.enqueue(Some("k-1"), json!({"amount": 5})).await;
     let lease = db.claim_one("w").await;
@@ -67,11 +78,7 @@ async fn verify_finds_an_edited_event() {
     let _other = finished_job_with_key(&db, "k-2").await;
     db.assert_verified().await;
 
-    let mut conn = db.conn().await;
-    sqlx::query("SET session_replication_role = replica")
-        .execute(&mut conn)
-        .await
-        .unwrap();
+    let mut conn = around_the_triggers(&db).await;
     sqlx::query(
         "UPDATE jobledger.events SET data = jsonb_set(data, '{result,refund_id}', '\"re_EVIL\"') \
          WHERE job_id = $1 AND version = 3",
@@ -102,11 +109,7 @@ async fn finished_job_with_key(db: &common::TestDb, key: &str) -> Uuid {
 async fn verify_finds_rehashed_and_deleted_events() {
     let db = fresh().await;
     let id = finished_job(&db).await;
-    let mut conn = db.conn().await;
-    sqlx::query("SET session_replication_role = replica")
-        .execute(&mut conn)
-        .await
-        .unwrap();
+    let mut conn = around_the_triggers(&db).await;
     sqlx::query("UPDATE jobledger.events SET hash = 'f00d' WHERE job_id = $1 AND version = 2")
         .bind(id)
         .execute(&mut conn)
@@ -186,11 +189,7 @@ async fn verify_finds_an_event_rewritten_with_a_recomputed_hash() {
     assert_eq!(v2.version, 2);
     v2.actor = "mallory".into();
     let rehashed = jobledger::domain::event_hash(&v2);
-    let mut conn = db.conn().await;
-    sqlx::query("SET session_replication_role = replica")
-        .execute(&mut conn)
-        .await
-        .unwrap();
+    let mut conn = around_the_triggers(&db).await;
     sqlx::query("UPDATE jobledger.events SET actor = 'mallory', hash = $2 WHERE job_id = $1 AND version = 2")
         .bind(id)
         .bind(&rehashed)
@@ -222,11 +221,7 @@ async fn verify_finds_forged_and_edited_tombstones() {
     let still_live = db.enqueue(Some("k-live"), json!({})).await.job_id;
     db.assert_verified().await;
 
-    let mut conn = db.conn().await;
-    sqlx::query("SET session_replication_role = replica")
-        .execute(&mut conn)
-        .await
-        .unwrap();
+    let mut conn = around_the_triggers(&db).await;
     let forge =
         "INSERT INTO jobledger.tombstones (job_id, queue, job_key, epoch, token, state, version, last_hash, \
                  purged_at) VALUES ($1, 'q', NULL, $2, 0, 'succeeded', 9, 'x', now())";
