@@ -61,6 +61,24 @@ fn quick_chaos_run_keeps_every_promise() {
     assert_eq!(jobs, 1000);
     assert_eq!(r["jobs_enqueued"], 1000);
     assert!(r["kafka"]["messages"].as_u64().unwrap() >= r["events"].as_u64().unwrap());
+    // The faults did what they are for: leases were taken over, the frozen
+    // or killed holders' late writes were refused, and successors reconciled
+    // with the provider instead of refunding again. (A quick run sees about
+    // 20 of each; one of each is all a run may be asked for.)
+    let n = |v: &Value| v.as_u64().unwrap_or(0);
+    assert!(n(&r["takeovers"]) >= 1, "takeovers happened: {r}");
+    assert!(
+        n(&r["rejected_writes"]["stale"]) >= 1,
+        "stale writes were refused: {r}"
+    );
+    assert!(
+        n(&r["reconciled_successes"]) >= 1,
+        "taken-over jobs were reconciled: {r}"
+    );
+    assert!(
+        n(&r["provider"]["lookups"]) >= 1,
+        "reconciling looked the refund up: {r}"
+    );
 }
 
 #[test]

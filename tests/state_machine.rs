@@ -190,7 +190,18 @@ fn check_invariants(job: &Job, events: &[Event], start: DateTime<Utc>) {
     // The log: contiguous versions, linked and correct hashes, legal edges.
     for (i, ev) in events.iter().enumerate() {
         assert_eq!(ev.version, i as i64 + 1);
-        assert_eq!(ev.hash, event_hash(ev), "hash of v{}", ev.version);
+        // Against the specification (the canonical JSON of the covered
+        // object), not the fast writer `decide` itself used: every kind of
+        // event the walk produces, not just `enqueued`.
+        let spec = {
+            use sha2::Digest;
+            let covered = jobledger::domain::digest::covered_value(ev);
+            hex::encode(sha2::Sha256::digest(
+                jobledger::domain::canonical_json(&covered).as_bytes(),
+            ))
+        };
+        assert_eq!(ev.hash, spec, "hash of v{} ({:?})", ev.version, ev.body);
+        assert_eq!(event_hash(ev), spec);
         if i == 0 {
             assert!(ev.prev_hash.is_none());
         } else {
