@@ -2,6 +2,7 @@
 //! move time by rewriting `lease_until` / `run_at` in the database.
 #![allow(dead_code)]
 
+pub mod cli;
 pub mod kafka;
 pub mod workers;
 
