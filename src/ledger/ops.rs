@@ -208,9 +208,23 @@ impl Ledger {
     /// exhausted leases, and receipt deadlines. Returns what it changed.
     #[instrument(skip(self))]
     pub async fn sweep(&self, batch: i64) -> LedgerResult<Vec<WriteResult>> {
+        let mut conn = self.pool.acquire().await?;
+        self.sweep_on(&mut conn, batch).await
+    }
+
+    /// `sweep` on one connection: the worker's active sweeper runs it on the
+    /// session that holds the sweeper's advisory lock, so no sweep commits
+    /// on a session that lost the lock (a database restart ends both the
+    /// session and its lock; the sweep then fails instead of going on next
+    /// to a new sweeper).
+    pub async fn sweep_on(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        batch: i64,
+    ) -> LedgerResult<Vec<WriteResult>> {
         let mut changed = vec![];
         loop {
-            let mut tx = self.pool.begin().await?;
+            let mut tx = sqlx::Connection::begin(&mut *conn).await?;
             let locked = jobs::lock_sweepable(&mut tx, batch).await?;
             let n = locked.len() as i64;
             let results = decide_and_write(&mut tx, locked, "sweeper", |_| Command::Expire).await?;

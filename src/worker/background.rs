@@ -134,7 +134,12 @@ pub(crate) async fn keep_leases(
 
 /// One active sweeper per database (session advisory lock). Also refreshes
 /// the jobs-by-state and oldest-pending gauges.
-pub(crate) async fn sweep(ledger: Ledger, every: Duration, stop: CancellationToken) {
+pub(crate) async fn sweep(
+    ledger: Ledger,
+    every: Duration,
+    counters: Arc<super::Counters>,
+    stop: CancellationToken,
+) {
     let mut leader: Option<sqlx::pool::PoolConnection<sqlx::Postgres>> = None;
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -151,11 +156,14 @@ pub(crate) async fn sweep(ledger: Ledger, every: Duration, stop: CancellationTok
                 }
             }
         }
-        if leader.is_none() {
+        let Some(conn) = leader.as_mut() else {
             continue;
-        }
-        match ledger.sweep(500).await {
+        };
+        // On the lock's own session: if it died (a database restart), so did
+        // the lock, and this fails instead of sweeping beside a new leader.
+        match ledger.sweep_on(conn, 500).await {
             Ok(changed) => {
+                counters.sweeps.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 metrics::counter!(m::SWEPT).increment(changed.len() as u64);
                 refresh_gauges(&ledger).await;
             }

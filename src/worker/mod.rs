@@ -52,6 +52,8 @@ pub struct Counters {
     /// Outcomes that wrote nothing because a newer token owns the job.
     pub lost_leases: AtomicU64,
     pub errors: AtomicU64,
+    /// Sweeps this worker ran as the active sweeper.
+    pub sweeps: AtomicU64,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
@@ -67,6 +69,7 @@ pub struct WorkerReport {
     pub released: u64,
     pub lost_leases: u64,
     pub errors: u64,
+    pub sweeps: u64,
 }
 
 impl Counters {
@@ -84,6 +87,7 @@ impl Counters {
             released: g(&self.released),
             lost_leases: g(&self.lost_leases),
             errors: g(&self.errors),
+            sweeps: g(&self.sweeps),
         }
     }
 }

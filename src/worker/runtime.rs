@@ -76,7 +76,12 @@ pub(crate) async fn run(
         bg_stop.clone(),
     ));
     if let Some(every) = cfg.sweep_every {
-        bg.spawn(background::sweep(ledger.clone(), every, bg_stop.clone()));
+        bg.spawn(background::sweep(
+            ledger.clone(),
+            every,
+            counters.clone(),
+            bg_stop.clone(),
+        ));
     }
     let committer_task = tokio::spawn(committer::run(ledger.clone(), rx, cfg.complete_batch));
     let shared = Arc::new(Shared {

@@ -1,0 +1,68 @@
+//! Issue 10 item 4: one active sweeper at a time, also when the leader's
+//! session dies under it (a database restart or a terminated backend ends
+//! the session and its advisory lock, while the worker still believes it
+//! leads): the old leader's next sweep fails instead of sweeping beside the
+//! new one.
+
+mod common;
+
+use common::workers::{base, start, stop};
+use common::{eventually, fresh};
+use jobledger::worker::{HandlerOutcome, JobContext, Worker};
+use serde_json::json;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+fn sweeper(db: &common::TestDb, name: &str, every: Duration) -> Worker {
+    base(db, name)
+        .sweeper(Some(every))
+        .handler("refund", |_ctx: JobContext| async {
+            HandlerOutcome::success(json!({}))
+        })
+        .build()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_sweeper_whose_session_died_stops_sweeping() {
+    let db = fresh().await;
+    // A sweeps rarely, B often: once A's session is gone, B takes the lock
+    // long before A's next tick.
+    let a = sweeper(&db, "a", Duration::from_secs(2));
+    let b = sweeper(&db, "b", Duration::from_millis(20));
+    let (a_count, b_count) = (a.clone(), b.clone());
+    let sweeps = |w: &Worker| w.counters().sweeps.load(Ordering::Relaxed);
+    let a = start(a);
+    eventually("A leads and sweeps", || async { sweeps(&a_count) >= 1 }).await;
+    let b = start(b);
+    let leader_pid = || async {
+        db.count(
+            "SELECT coalesce(max(pid), 0)::bigint FROM pg_locks WHERE locktype = 'advisory' AND granted \
+             AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+        )
+        .await
+    };
+    let a_pid = leader_pid().await;
+    assert!(a_pid > 0, "A's session holds the sweeper lock");
+    assert_eq!(sweeps(&b_count), 0, "B cannot lead while A's session lives");
+
+    sqlx::query("SELECT pg_terminate_backend($1::int)")
+        .bind(a_pid as i32)
+        .execute(db.ledger.pool())
+        .await
+        .unwrap();
+    eventually("B leads", || async { sweeps(&b_count) >= 1 }).await;
+    assert_ne!(leader_pid().await, a_pid);
+    let a_then = sweeps(&a_count);
+    let b_then = sweeps(&b_count);
+    // 150 of B's ticks span at least one of A's (every 2 s).
+    eventually("B keeps sweeping", || async { sweeps(&b_count) >= b_then + 150 }).await;
+    assert_eq!(
+        sweeps(&a_count),
+        a_then,
+        "A, whose lock died with its session, swept no more"
+    );
+    let (ra, rb) = (stop(a).await, stop(b).await);
+    assert_eq!(ra.sweeps, a_then);
+    assert!(rb.sweeps > b_then);
+}
