@@ -271,3 +271,97 @@ async fn poison_messages_are_dead_lettered_and_the_rest_is_applied() {
         .unwrap();
     assert_eq!(fence.0, 4);
 }
+
+/// Writes an effect row, then fails transiently the first time it is
+/// called (the database went away mid-transaction).
+struct FlakyEffect(std::sync::atomic::AtomicUsize);
+impl jobledger_consumers::EventHandler for FlakyEffect {
+    fn handle<'a>(
+        &'a self,
+        c: &'a mut sqlx::PgConnection,
+        e: &'a jobledger_consumers::JobEvent,
+    ) -> jobledger_consumers::consumer::HandlerFuture<'a> {
+        Box::pin(async move {
+            sqlx::query("INSERT INTO effects (job_id, version) VALUES ($1, $2)")
+                .bind(e.job_id)
+                .bind(e.version)
+                .execute(&mut *c)
+                .await?;
+            if self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0 {
+                let lost = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "connection reset");
+                return Err(sqlx::Error::Io(lost).into());
+            }
+            Ok(jobledger_consumers::Handled::Applied)
+        })
+    }
+}
+
+/// Issue 10 item 4: a handler's transient error rolls its transaction back
+/// (the effect, the fence and the offset together) and the same message is
+/// retried: each effect once, nothing dead-lettered, nothing skipped.
+#[tokio::test]
+async fn a_transient_handler_error_rolls_back_and_retries() {
+    let topic = topic();
+    let admin_db = fresh().await;
+    Relay::new(admin_db.ledger.clone(), relay_cfg(&topic))
+        .ensure_topic()
+        .await
+        .unwrap();
+    let p: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", brokers())
+        .create()
+        .unwrap();
+    let job = Uuid::now_v7().to_string();
+    produce(
+        &p,
+        &topic,
+        "q/flaky",
+        &gen_headers("3", "1", "1"),
+        &body(&job, 3, 1, 1, "leased"),
+    )
+    .await;
+    produce(
+        &p,
+        &topic,
+        "q/flaky",
+        &gen_headers("3", "1", "2"),
+        &body(&job, 3, 1, 2, "succeeded"),
+    )
+    .await;
+    let pool = consumer_db().await;
+    sqlx::query("CREATE TABLE effects (job_id uuid, version bigint)")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let consumer = fenced(&topic, pool.clone()).await;
+    let handler = FlakyEffect(Default::default());
+    consume_until(&consumer, &handler, "both applied", |s| {
+        s["applied"].as_u64().unwrap() >= 2
+    })
+    .await;
+    let s = consumer.counters().snapshot();
+    assert_eq!(
+        (
+            s["applied"].as_u64(),
+            s["dead_lettered"].as_u64(),
+            s["duplicates"].as_u64()
+        ),
+        (Some(2), Some(0), Some(0)),
+        "{s}"
+    );
+    assert_eq!(
+        handler.0.load(std::sync::atomic::Ordering::SeqCst),
+        3,
+        "the first message ran twice"
+    );
+    let effects: Vec<(i64, i64)> =
+        sqlx::query_as("SELECT version, count(*) FROM effects GROUP BY version ORDER BY version")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        effects,
+        vec![(1, 1), (2, 1)],
+        "the failed attempt's effect was rolled back"
+    );
+}
