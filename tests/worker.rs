@@ -439,13 +439,15 @@ async fn business_writes_commit_with_the_completion_or_not_at_all() {
     let ok = db.enqueue(Some("ok"), json!({"steal": false})).await;
     let stolen = db.enqueue(Some("stolen"), json!({"steal": true})).await;
     let ledger = db.ledger.clone();
+    let thief_took_it = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stolen_flag = thief_took_it.clone();
     // One slot, no prefetch: the worker itself cannot take the job back
     // between the handler's "expire" and the thief's takeover.
     let w = base(&db, "w")
         .concurrency(1)
         .prefetch(0)
         .handler("refund", move |ctx: JobContext| {
-            let ledger = ledger.clone();
+            let (ledger, stolen_ok) = (ledger.clone(), stolen_flag.clone());
             async move {
                 if ctx.payload()["steal"] == json!(true) {
                     // Another worker takes the job over before this one commits.
@@ -455,8 +457,10 @@ async fn business_writes_commit_with_the_completion_or_not_at_all() {
                         ctx.job().job_id,
                     )
                     .await;
+                    // (Checked by the test below: an assert here would be a
+                    // panicking handler, i.e. a retried job, not a failure.)
                     let (r, _) = ledger.claim_job(ctx.job().job_id, "thief", Duration::from_secs(30)).await.unwrap();
-                    assert!(r.committed());
+                    stolen_ok.store(r.committed(), Ordering::SeqCst);
                 }
                 let mut tx = ctx.pool().begin().await.unwrap();
                 sqlx::query("INSERT INTO refunds_done VALUES ($1)").bind(ctx.job().job_id).execute(&mut *tx).await.unwrap();
@@ -476,7 +480,16 @@ async fn business_writes_commit_with_the_completion_or_not_at_all() {
     })
     .await;
     let report = stop(w).await;
+    assert!(
+        thief_took_it.load(Ordering::SeqCst),
+        "the thief's takeover committed"
+    );
     assert_eq!((report.succeeded, report.lost_leases), (1, 1), "{report:?}");
+    assert_eq!(
+        (report.retried, report.errors),
+        (0, 0),
+        "no handler panicked: {report:?}"
+    );
     let done: Vec<uuid::Uuid> = sqlx::query_scalar("SELECT job_id FROM refunds_done")
         .fetch_all(db.ledger.pool())
         .await
