@@ -98,3 +98,8 @@ $$;
 
 CREATE CONSTRAINT TRIGGER tombstones_need_purge AFTER INSERT ON jobledger.tombstones
     DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION jobledger.check_tombstone_purged();
+
+-- The projection runner keeps its checkpoints in its registry; the reader
+-- row it used to create under the name `projections` was never moved, so
+-- `stats` reported its whole log as lag. Dropped where it never moved.
+DELETE FROM jobledger.readers WHERE name = 'projections' AND position = 0 AND lease_holder IS NULL;

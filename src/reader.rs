@@ -161,6 +161,17 @@ impl LogReader {
         })
     }
 
+    /// A reader for a caller that keeps its own checkpoint (the projection
+    /// runner keeps one per projection in its registry, in the transaction
+    /// of what it applied): no row in `jobledger.readers`, so `stats` shows
+    /// no checkpoint that nothing moves.
+    pub fn source(pool: PgPool) -> Self {
+        LogReader {
+            pool,
+            name: String::new(),
+        }
+    }
+
     pub fn name(&self) -> &str {
         &self.name
     }

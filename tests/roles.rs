@@ -50,9 +50,14 @@ async fn a_worker_role_cannot_rewrite_history() {
         "DROP TABLE jobledger.events",
     ] {
         let err = sqlx::query(sql).execute(&mut conn).await.unwrap_err();
-        assert!(
-            err.to_string().contains("permission denied") || err.to_string().contains("must be owner"),
-            "{sql}: {err}"
+        let code = err
+            .as_database_error()
+            .and_then(|d| d.code())
+            .map(|c| c.to_string());
+        assert_eq!(
+            code.as_deref(),
+            Some("42501"),
+            "{sql}: insufficient privilege, not {err}"
         );
     }
     // Purging is the admin's, not the worker's.

@@ -166,6 +166,11 @@ async fn lag_counts_what_a_projection_has_not_applied() {
         let s = l["lag_seconds"].as_f64().unwrap();
         assert!((0.0..60.0).contains(&s), "{l}");
     }
+    let stats = jl(url, &["stats"]).lines();
+    assert!(
+        stats.iter().all(|l| l.get("reader").is_none()),
+        "no reader checkpoint that nothing moves (the runner keeps its own): {stats:?}"
+    );
     assert_eq!(jl(url, &["projections", "run"]).code, 0);
     let caught_up: Vec<Value> = jl(url, &["projections", "status"]).lines();
     assert!(caught_up.iter().all(|l| l["lag_events"] == 0), "{caught_up:?}");

@@ -17,7 +17,7 @@ fn shipped() -> [&'static dyn Projection; 3] {
 }
 
 pub async fn run(ledger: &Ledger, action: &str, name: Option<&str>) -> Result<i32> {
-    let reader = LogReader::open(ledger.pool().clone(), "projections").await?;
+    let reader = LogReader::source(ledger.pool().clone());
     let runner = Runner::new(ledger.pool().clone(), &reader, 5000).await?;
     match action {
         "run" => {

@@ -296,7 +296,7 @@ pub async fn run(cli: Cli) -> Result<i32> {
                 return super::consume::verify_audit_log(&ledger, url).await;
             }
             if *rebuilt {
-                let reader = jobledger::reader::LogReader::open(ledger.pool().clone(), "projections").await?;
+                let reader = jobledger::reader::LogReader::source(ledger.pool().clone());
                 let runner =
                     jobledger_projections::runner::Runner::new(ledger.pool().clone(), &reader, 5000).await?;
                 runner.catch_up(&[&jobledger::rebuilt::JobsRebuilt]).await?;
