@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{fresh, TestDb};
+use common::{fresh, within, TestDb};
 use jobledger::reader::LogReader;
 use jobledger_projections::runner::{reached, Runner};
 use jobledger_projections::shipped::JobTimeline;
@@ -73,11 +73,14 @@ async fn catch_up_rebuild_and_switch() {
         .unwrap();
     let runner = Runner::new(db.ledger.pool().clone(), &reader, 4).await.unwrap();
     let v1: &dyn Projection = &JobTimeline;
-    let s = runner.catch_up(&[v1]).await.unwrap();
+    let s = within("a catch-up", runner.catch_up(&[v1])).await.unwrap();
     assert_eq!(s.applied, 10);
     assert_eq!(timeline_rows(&db).await, 10);
     assert_eq!(
-        runner.catch_up(&[v1]).await.unwrap().applied,
+        within("a catch-up", runner.catch_up(&[v1]))
+            .await
+            .unwrap()
+            .applied,
         0,
         "nothing applied twice"
     );
@@ -97,7 +100,7 @@ async fn catch_up_rebuild_and_switch() {
             .unwrap(),
         "pending while behind"
     );
-    runner.catch_up(&[v1]).await.unwrap();
+    within("a catch-up", runner.catch_up(&[v1])).await.unwrap();
     assert!(reached(db.ledger.pool(), "job_timeline", txid, position)
         .await
         .unwrap());
@@ -122,7 +125,7 @@ async fn catch_up_rebuild_and_switch() {
         served.contains(&"actor".to_string()),
         "the old version still serves: {served:?}"
     );
-    let rest = runner.catch_up(&[v1, v2]).await.unwrap();
+    let rest = within("a catch-up", runner.catch_up(&[v1, v2])).await.unwrap();
     assert_eq!(rest.switched_to, Some(2));
     let rows: Vec<(i64, String)> = sqlx::query_as("SELECT epoch, type FROM jobledger_proj.job_timeline")
         .fetch_all(db.ledger.pool())
@@ -176,7 +179,7 @@ async fn jobs_rebuilt_equals_the_inline_projection() {
             db.ledger.purge(std::time::Duration::ZERO, 100).await.unwrap();
         }
     }
-    runner.catch_up(&[rebuilt]).await.unwrap();
+    within("a catch-up", runner.catch_up(&[rebuilt])).await.unwrap();
     // queue_stats agrees with the inline projection too (a takeover first).
     db.enqueue(Some("taken"), json!({})).await;
     let l = db
@@ -191,9 +194,9 @@ async fn jobs_rebuilt_equals_the_inline_projection() {
         .claim("q", "w2", std::time::Duration::from_secs(30), 100)
         .await
         .unwrap();
-    runner.catch_up(&[rebuilt]).await.unwrap();
+    within("a catch-up", runner.catch_up(&[rebuilt])).await.unwrap();
     let stats: &dyn Projection = &jobledger_projections::shipped::QueueStats;
-    runner.catch_up(&[stats]).await.unwrap();
+    within("a catch-up", runner.catch_up(&[stats])).await.unwrap();
     let expected: Vec<(i64, i64, i64, i64, i64, i64, i64)> = sqlx::query_as(
         "SELECT count(*) FILTER (WHERE state = 'queued'), count(*) FILTER (WHERE state = 'leased'), \
          count(*) FILTER (WHERE state = 'cancel_requested'), count(*) FILTER (WHERE state = 'awaiting_receipt'), \
@@ -314,9 +317,11 @@ async fn a_crash_mid_batch_neither_doubles_nor_skips() {
         0,
         "nothing half-applied"
     );
-    runner.catch_up(&[&crashy]).await.unwrap();
-    runner.catch_up(&[&crashy]).await.unwrap(); // a second run applies nothing
-    runner.catch_up(&[&JobTimeline]).await.unwrap();
+    within("a catch-up", runner.catch_up(&[&crashy])).await.unwrap();
+    within("a catch-up", runner.catch_up(&[&crashy])).await.unwrap(); // a second run applies nothing
+    within("a catch-up", runner.catch_up(&[&JobTimeline]))
+        .await
+        .unwrap();
     let a: Vec<(uuid::Uuid, i64, i32)> =
         sqlx::query_as("SELECT job_id, version, applied FROM jobledger_proj.crashy_counts ORDER BY 1, 2")
             .fetch_all(db.ledger.pool())
@@ -341,7 +346,9 @@ async fn a_minimum_position_read_waits_or_says_pending() {
         .await
         .unwrap();
     let runner = Runner::new(db.ledger.pool().clone(), &reader, 100).await.unwrap();
-    runner.catch_up(&[&JobTimeline]).await.unwrap();
+    within("a catch-up", runner.catch_up(&[&JobTimeline]))
+        .await
+        .unwrap();
     let e = db
         .ledger
         .enqueue(common::new_job("q", Some("w"), json!({})))
@@ -374,7 +381,9 @@ async fn a_minimum_position_read_waits_or_says_pending() {
         .await
         .unwrap()
     });
-    runner.catch_up(&[&JobTimeline]).await.unwrap();
+    within("a catch-up", runner.catch_up(&[&JobTimeline]))
+        .await
+        .unwrap();
     assert_eq!(waiting.await.unwrap(), Freshness::Reached);
 }
 
@@ -429,7 +438,7 @@ async fn a_lost_race_never_switches_in_a_partial_rebuild() {
         .await
         .unwrap();
     let b = Runner::new(db.ledger.pool().clone(), &reader, 10).await.unwrap();
-    b.catch_up(&[&JobTimeline]).await.unwrap();
+    within("a catch-up", b.catch_up(&[&JobTimeline])).await.unwrap();
     assert_eq!(timeline_rows(&db).await, 30);
     b.start_rebuild(&JobTimeline).await.unwrap();
 
@@ -464,7 +473,7 @@ async fn a_lost_race_never_switches_in_a_partial_rebuild() {
         "the view still serves the full table"
     );
 
-    let done = b.catch_up(&[&JobTimeline]).await.unwrap();
+    let done = within("a catch-up", b.catch_up(&[&JobTimeline])).await.unwrap();
     assert_eq!(done.switched_to, Some(1));
     assert_eq!(timeline_rows(&db).await, 30, "the rebuilt table is complete");
 }
@@ -483,7 +492,7 @@ async fn a_caught_up_rebuild_switches_while_commits_wait_behind_the_horizon() {
         .await
         .unwrap();
     let r = Runner::new(db.ledger.pool().clone(), &reader, 10).await.unwrap();
-    r.catch_up(&[&JobTimeline]).await.unwrap();
+    within("a catch-up", r.catch_up(&[&JobTimeline])).await.unwrap();
     r.start_rebuild(&JobTimeline).await.unwrap();
 
     let mut holder = db.ledger.pool().begin().await.unwrap();
@@ -502,6 +511,6 @@ async fn a_caught_up_rebuild_switches_while_commits_wait_behind_the_horizon() {
     );
     assert_eq!(timeline_rows(&db).await, 5);
     holder.rollback().await.unwrap();
-    r.catch_up(&[&JobTimeline]).await.unwrap();
+    within("a catch-up", r.catch_up(&[&JobTimeline])).await.unwrap();
     assert_eq!(timeline_rows(&db).await, 6, "the waiting commit arrives");
 }

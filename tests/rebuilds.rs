@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::fresh;
+use common::{fresh, within};
 use jobledger::reader::LogReader;
 use jobledger_projections::runner::Runner;
 use jobledger_projections::{BoxFuture, Event, Projection};
@@ -65,7 +65,7 @@ async fn a_crashed_rebuild_resumes_from_its_own_checkpoint() {
         .unwrap();
     {
         let first = Runner::new(db.ledger.pool().clone(), &reader, 4).await.unwrap();
-        first.catch_up(&[&Counts(1)]).await.unwrap();
+        within("a catch-up", first.catch_up(&[&Counts(1)])).await.unwrap();
         let s = first.step(&[&Counts(1), &Counts(2)]).await.unwrap();
         assert!(s.rebuilt >= 1 && s.switched_to.is_none(), "{s:?}");
         // The process dies here: nothing but the database remembers.
@@ -76,7 +76,9 @@ async fn a_crashed_rebuild_resumes_from_its_own_checkpoint() {
         "part of the rebuild is done: {building}"
     );
     let second = Runner::new(db.ledger.pool().clone(), &reader, 4).await.unwrap();
-    let done = second.catch_up(&[&Counts(1), &Counts(2)]).await.unwrap();
+    let done = within("the resumed rebuild", second.catch_up(&[&Counts(1), &Counts(2)]))
+        .await
+        .unwrap();
     assert_eq!(done.switched_to, Some(2));
     let rows: Vec<(i64, i32)> = sqlx::query_as("SELECT version, applied FROM jobledger_proj.counts")
         .fetch_all(db.ledger.pool())
