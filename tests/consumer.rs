@@ -6,7 +6,8 @@ mod common;
 
 use common::fresh;
 use common::kafka::{
-    body, brokers, consume_until, consumer_db, fenced, gen_headers, produce, relay_cfg, topic, Recorder,
+    body, brokers, consume_until, consumer_db, fenced, gen_headers, produce, relay_cfg, topic,
+    topic_and_producer, Recorder,
 };
 use jobledger::relay::Relay;
 use jobledger_consumers::{ConsumerConfig, FencedConsumer};
@@ -20,16 +21,7 @@ use uuid::Uuid;
 /// undecodable messages land in the dead-letter table and never stop it.
 #[tokio::test]
 async fn consumer_fencing_and_dead_letters() {
-    let topic = topic();
-    let admin_db = fresh().await; // creates the topic through a relay session
-    Relay::new(admin_db.ledger.clone(), relay_cfg(&topic))
-        .ensure_topic()
-        .await
-        .unwrap();
-    let p: FutureProducer = ClientConfig::new()
-        .set("bootstrap.servers", brokers())
-        .create()
-        .unwrap();
+    let (topic, p, _admin_db) = topic_and_producer().await;
     let (old, new) = (Uuid::now_v7().to_string(), Uuid::now_v7().to_string());
     type Raw<'a> = (Vec<(&'a str, &'a str)>, Vec<u8>);
     let msgs: Vec<Raw> = vec![
@@ -194,16 +186,7 @@ impl jobledger_consumers::EventHandler for Picky {
 /// is retried; everything after them is applied and the consumer goes on.
 #[tokio::test]
 async fn poison_messages_are_dead_lettered_and_the_rest_is_applied() {
-    let topic = topic();
-    let admin_db = fresh().await;
-    Relay::new(admin_db.ledger.clone(), relay_cfg(&topic))
-        .ensure_topic()
-        .await
-        .unwrap();
-    let p: FutureProducer = ClientConfig::new()
-        .set("bootstrap.servers", brokers())
-        .create()
-        .unwrap();
+    let (topic, p, _admin_db) = topic_and_producer().await;
     let job = Uuid::now_v7().to_string();
     let without_id = {
         let mut b: serde_json::Value = serde_json::from_slice(&body(&job, 5, 1, 2, "leased")).unwrap();
@@ -301,16 +284,7 @@ impl jobledger_consumers::EventHandler for FlakyEffect {
 /// retried: each effect once, nothing dead-lettered, nothing skipped.
 #[tokio::test]
 async fn a_transient_handler_error_rolls_back_and_retries() {
-    let topic = topic();
-    let admin_db = fresh().await;
-    Relay::new(admin_db.ledger.clone(), relay_cfg(&topic))
-        .ensure_topic()
-        .await
-        .unwrap();
-    let p: FutureProducer = ClientConfig::new()
-        .set("bootstrap.servers", brokers())
-        .create()
-        .unwrap();
+    let (topic, p, _admin_db) = topic_and_producer().await;
     let job = Uuid::now_v7().to_string();
     produce(
         &p,

@@ -249,54 +249,6 @@ async fn jobs_rebuilt_equals_the_inline_projection() {
     assert_eq!(db.ledger.compare_rebuilt().await.unwrap().len(), 1);
 }
 
-/// Counts how often each event was applied (not idempotent, unlike the
-/// shipped projections: a batch applied twice shows as a 2), and fails the
-/// first batch halfway (after writing): a crash mid-batch.
-struct Crashy(std::sync::atomic::AtomicBool);
-impl Projection for Crashy {
-    fn name(&self) -> &str {
-        "crashy_counts"
-    }
-    fn version(&self) -> i32 {
-        1
-    }
-    fn create<'a>(
-        &'a self,
-        tx: &'a mut PgConnection,
-        table: &'a str,
-    ) -> BoxFuture<'a, Result<(), sqlx::Error>> {
-        Box::pin(async move {
-            sqlx::query(&format!(
-                "CREATE TABLE {table} (job_id uuid, version bigint, applied int NOT NULL, PRIMARY KEY (job_id, version))"
-            ))
-            .execute(&mut *tx)
-            .await?;
-            Ok(())
-        })
-    }
-    fn apply<'a>(
-        &'a self,
-        tx: &'a mut PgConnection,
-        table: &'a str,
-        events: &'a [Event],
-    ) -> BoxFuture<'a, Result<(), sqlx::Error>> {
-        Box::pin(async move {
-            sqlx::query(&format!(
-                "INSERT INTO {table} AS t SELECT j, v, 1 FROM UNNEST($1::uuid[], $2::int8[]) AS u(j, v) \
-                 ON CONFLICT (job_id, version) DO UPDATE SET applied = t.applied + 1"
-            ))
-            .bind(events.iter().map(|e| e.job_id).collect::<Vec<_>>())
-            .bind(events.iter().map(|e| e.version).collect::<Vec<_>>())
-            .execute(&mut *tx)
-            .await?;
-            if self.0.swap(false, std::sync::atomic::Ordering::SeqCst) {
-                return Err(sqlx::Error::Protocol("crash after writing half a batch".into()));
-            }
-            Ok(())
-        })
-    }
-}
-
 /// A crash mid-batch rolls the batch and its checkpoint back together; the
 /// next run applies it once: the numbers equal a fresh rebuild.
 #[tokio::test]
@@ -309,7 +261,7 @@ async fn a_crash_mid_batch_neither_doubles_nor_skips() {
         .await
         .unwrap();
     let runner = Runner::new(db.ledger.pool().clone(), &reader, 4).await.unwrap();
-    let crashy = Crashy(std::sync::atomic::AtomicBool::new(true));
+    let crashy = common::counting::Counting::new("crashy_counts", 1, true);
     assert!(runner.step(&[&crashy]).await.is_err(), "the first batch crashes");
     assert_eq!(
         db.count("SELECT count(*) FROM jobledger_proj.crashy_counts")

@@ -4,54 +4,14 @@
 
 mod common;
 
+use common::counting::Counting;
 use common::{fresh, within};
 use jobledger::reader::LogReader;
 use jobledger_projections::runner::Runner;
-use jobledger_projections::{BoxFuture, Event, Projection};
 use serde_json::json;
-use sqlx::PgConnection;
 
-/// Counts how often each (job, version) was applied, in version `.0`.
-struct Counts(i32);
-impl Projection for Counts {
-    fn name(&self) -> &str {
-        "counts"
-    }
-    fn version(&self) -> i32 {
-        self.0
-    }
-    fn create<'a>(
-        &'a self,
-        tx: &'a mut PgConnection,
-        table: &'a str,
-    ) -> BoxFuture<'a, Result<(), sqlx::Error>> {
-        Box::pin(async move {
-            sqlx::query(&format!(
-                "CREATE TABLE {table} (job_id uuid, version bigint, applied int NOT NULL, PRIMARY KEY (job_id, version))"
-            ))
-            .execute(&mut *tx)
-            .await?;
-            Ok(())
-        })
-    }
-    fn apply<'a>(
-        &'a self,
-        tx: &'a mut PgConnection,
-        table: &'a str,
-        events: &'a [Event],
-    ) -> BoxFuture<'a, Result<(), sqlx::Error>> {
-        Box::pin(async move {
-            sqlx::query(&format!(
-                "INSERT INTO {table} AS t SELECT j, v, 1 FROM UNNEST($1::uuid[], $2::int8[]) AS u(j, v) \
-                 ON CONFLICT (job_id, version) DO UPDATE SET applied = t.applied + 1"
-            ))
-            .bind(events.iter().map(|e| e.job_id).collect::<Vec<_>>())
-            .bind(events.iter().map(|e| e.version).collect::<Vec<_>>())
-            .execute(&mut *tx)
-            .await?;
-            Ok(())
-        })
-    }
+fn counts(version: i32) -> Counting {
+    Counting::new("counts", version, false)
 }
 
 #[tokio::test]
@@ -65,8 +25,8 @@ async fn a_crashed_rebuild_resumes_from_its_own_checkpoint() {
         .unwrap();
     {
         let first = Runner::new(db.ledger.pool().clone(), &reader, 4).await.unwrap();
-        within("a catch-up", first.catch_up(&[&Counts(1)])).await.unwrap();
-        let s = first.step(&[&Counts(1), &Counts(2)]).await.unwrap();
+        within("a catch-up", first.catch_up(&[&counts(1)])).await.unwrap();
+        let s = first.step(&[&counts(1), &counts(2)]).await.unwrap();
         assert!(s.rebuilt >= 1 && s.switched_to.is_none(), "{s:?}");
         // The process dies here: nothing but the database remembers.
     }
@@ -76,7 +36,7 @@ async fn a_crashed_rebuild_resumes_from_its_own_checkpoint() {
         "part of the rebuild is done: {building}"
     );
     let second = Runner::new(db.ledger.pool().clone(), &reader, 4).await.unwrap();
-    let done = within("the resumed rebuild", second.catch_up(&[&Counts(1), &Counts(2)]))
+    let done = within("the resumed rebuild", second.catch_up(&[&counts(1), &counts(2)]))
         .await
         .unwrap();
     assert_eq!(done.switched_to, Some(2));

@@ -121,3 +121,19 @@ pub async fn consume_until<H: EventHandler>(
     };
     tokio::join!(run, check);
 }
+
+/// A new topic (created through a relay session of a fresh ledger database,
+/// which the caller keeps alive) and a plain producer for hand-made messages.
+pub async fn topic_and_producer() -> (String, FutureProducer, super::TestDb) {
+    let topic = topic();
+    let admin_db = super::fresh().await;
+    jobledger::relay::Relay::new(admin_db.ledger.clone(), relay_cfg(&topic))
+        .ensure_topic()
+        .await
+        .unwrap();
+    let p: FutureProducer = rdkafka::config::ClientConfig::new()
+        .set("bootstrap.servers", brokers())
+        .create()
+        .unwrap();
+    (topic, p, admin_db)
+}

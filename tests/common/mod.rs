@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod cli;
+pub mod counting;
 pub mod kafka;
 pub mod workers;
 
