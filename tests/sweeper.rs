@@ -23,8 +23,14 @@ fn sweeper(db: &common::TestDb, name: &str, every: Duration) -> Worker {
         .unwrap()
 }
 
+/// The tests here run one at a time: the restart drops every connection of
+/// the server (cargo runs test binaries one after another, so only this
+/// binary's tests could be hit).
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 #[tokio::test]
 async fn a_sweeper_whose_session_died_stops_sweeping() {
+    let _serial = ONE_AT_A_TIME.lock().await;
     let db = fresh().await;
     // A sweeps rarely, B often: once A's session is gone, B takes the lock
     // long before A's next tick.
@@ -61,6 +67,51 @@ async fn a_sweeper_whose_session_died_stops_sweeping() {
         sweeps(&a_count),
         a_then,
         "A, whose lock died with its session, swept no more"
+    );
+    let (ra, rb) = (stop(a).await, stop(b).await);
+    assert_eq!(ra.sweeps, a_then);
+    assert!(rb.sweeps > b_then);
+}
+
+/// The same across a real PostgreSQL restart (`pg_ctlcluster … restart`):
+/// the restart ends A's session and lock; B takes the lock once the server
+/// is back, and A, which still holds its dead session, never sweeps again.
+#[tokio::test]
+async fn after_a_database_restart_only_the_new_leader_sweeps() {
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let db = fresh().await;
+    let a = sweeper(&db, "a", Duration::from_secs(5));
+    let b = sweeper(&db, "b", Duration::from_millis(20));
+    let (a_count, b_count) = (a.clone(), b.clone());
+    let sweeps = |w: &Worker| w.counters().sweeps.load(Ordering::Relaxed);
+    let a = start(a);
+    eventually("A leads and sweeps", || async { sweeps(&a_count) >= 1 }).await;
+    let b = start(b);
+    let port = url::Url::parse(&common::server_url())
+        .unwrap()
+        .port()
+        .unwrap_or(5432);
+    let restarted = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "c=$(pg_lsclusters --no-header | awk '$3 == {port} {{print $1\" \"$2}}'); \
+             [ -n \"$c\" ] && pg_ctlcluster --skip-systemctl-redirect $c restart"
+        ))
+        .status()
+        .unwrap();
+    assert!(
+        restarted.success(),
+        "pg_ctlcluster restart of the test server on port {port}"
+    );
+    let a_then = sweeps(&a_count);
+    eventually("B leads after the restart", || async { sweeps(&b_count) >= 1 }).await;
+    let b_then = sweeps(&b_count);
+    // 300 of B's ticks (6 s) span at least one of A's (every 5 s).
+    eventually("B keeps sweeping", || async { sweeps(&b_count) >= b_then + 300 }).await;
+    assert_eq!(
+        sweeps(&a_count),
+        a_then,
+        "A's lock died with its session: it swept no more"
     );
     let (ra, rb) = (stop(a).await, stop(b).await);
     assert_eq!(ra.sweeps, a_then);
