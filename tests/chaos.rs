@@ -62,15 +62,15 @@ fn quick_chaos_run_keeps_every_promise() {
     assert_eq!(r["jobs_enqueued"], 1000);
     assert!(r["kafka"]["messages"].as_u64().unwrap() >= r["events"].as_u64().unwrap());
     // The faults did what they are for: leases were taken over, the frozen
-    // or killed holders' late writes were refused, and successors reconciled
-    // with the provider instead of refunding again. (A quick run sees about
-    // 20 of each; one of each is all a run may be asked for.)
+    // holders' late writes were refused, and successors reconciled with the
+    // provider instead of refunding again. A late write is refused as
+    // `stale` while the successor holds the job and as `invalid_transition`
+    // once it finished it; which of the two a run sees is chance (one quick
+    // run saw 22 and 29, another 0 and 47), so the test counts both.
     let n = |v: &Value| v.as_u64().unwrap_or(0);
     assert!(n(&r["takeovers"]) >= 1, "takeovers happened: {r}");
-    assert!(
-        n(&r["rejected_writes"]["stale"]) >= 1,
-        "stale writes were refused: {r}"
-    );
+    let refused = n(&r["rejected_writes"]["stale"]) + n(&r["rejected_writes"]["invalid_transition"]);
+    assert!(refused >= 1, "late writes were refused: {r}");
     assert!(
         n(&r["reconciled_successes"]) >= 1,
         "taken-over jobs were reconciled: {r}"
