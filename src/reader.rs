@@ -146,7 +146,7 @@ async fn left_out(
     if !deeper.is_empty() {
         let (jobs, up_to): (Vec<Uuid>, Vec<i64>) = deeper.into_iter().unzip();
         let walked =
-            readers::left_out_versions(conn, (after.txid, after.position), end, &jobs, &up_to).await?;
+            readers::versions_below_walked(conn, (after.txid, after.position), end, &jobs, &up_to).await?;
         early.extend(walked);
     }
     Ok(early)

@@ -23,6 +23,25 @@ fn sweeper(db: &common::TestDb, name: &str, every: Duration) -> Worker {
         .unwrap()
 }
 
+fn sweeps(w: &Worker) -> u64 {
+    w.counters().sweeps.load(Ordering::Relaxed)
+}
+
+/// Sweeper A (every `a_every`) leads and has swept; sweeper B (every 20 ms)
+/// is started behind it. Returns both running, with a handle on each one's
+/// counters.
+async fn a_leads_then_b_waits(
+    db: &common::TestDb,
+    a_every: Duration,
+) -> (common::workers::Running, Worker, common::workers::Running, Worker) {
+    let a = sweeper(db, "a", a_every);
+    let b = sweeper(db, "b", Duration::from_millis(20));
+    let (a_count, b_count) = (a.clone(), b.clone());
+    let a = start(a);
+    eventually("A leads and sweeps", || async { sweeps(&a_count) >= 1 }).await;
+    (a, a_count, start(b), b_count)
+}
+
 /// The tests here run one at a time: the restart drops every connection of
 /// the server (cargo runs test binaries one after another, so only this
 /// binary's tests could be hit).
@@ -34,13 +53,7 @@ async fn a_sweeper_whose_session_died_stops_sweeping() {
     let db = fresh().await;
     // A sweeps rarely, B often: once A's session is gone, B takes the lock
     // long before A's next tick.
-    let a = sweeper(&db, "a", Duration::from_secs(2));
-    let b = sweeper(&db, "b", Duration::from_millis(20));
-    let (a_count, b_count) = (a.clone(), b.clone());
-    let sweeps = |w: &Worker| w.counters().sweeps.load(Ordering::Relaxed);
-    let a = start(a);
-    eventually("A leads and sweeps", || async { sweeps(&a_count) >= 1 }).await;
-    let b = start(b);
+    let (a, a_count, b, b_count) = a_leads_then_b_waits(&db, Duration::from_secs(2)).await;
     let leader_pid = || async {
         db.count(
             "SELECT coalesce(max(pid), 0)::bigint FROM pg_locks WHERE locktype = 'advisory' AND granted \
@@ -80,13 +93,7 @@ async fn a_sweeper_whose_session_died_stops_sweeping() {
 async fn after_a_database_restart_only_the_new_leader_sweeps() {
     let _serial = ONE_AT_A_TIME.lock().await;
     let db = fresh().await;
-    let a = sweeper(&db, "a", Duration::from_secs(5));
-    let b = sweeper(&db, "b", Duration::from_millis(20));
-    let (a_count, b_count) = (a.clone(), b.clone());
-    let sweeps = |w: &Worker| w.counters().sweeps.load(Ordering::Relaxed);
-    let a = start(a);
-    eventually("A leads and sweeps", || async { sweeps(&a_count) >= 1 }).await;
-    let b = start(b);
+    let (a, a_count, b, b_count) = a_leads_then_b_waits(&db, Duration::from_secs(5)).await;
     let port = url::Url::parse(&common::server_url())
         .unwrap()
         .port()

@@ -176,21 +176,20 @@ pub async fn versions_past(
         .await?)
 }
 
-/// Versions of the batch's jobs that the batch left out: for each job, the
-/// versions below `up_to` (its highest version in the batch) that lie past
-/// the batch's end `(txid, position)`. A transaction that took its xid early
-/// can append version n+1 with a smaller txid than version n's, so a batch
-/// may hold v1 and v3 while v2 comes later in txid order; these are the v2s.
-/// They are all committed: a version exists only after its predecessor's
-/// transaction released the job's row lock.
+/// Per job, the versions below `up_to` that lie past the batch's end
+/// `(txid, position)`, for jobs whose version `up_to` (the one just below
+/// the batch's lowest) is itself past the end: the predecessor trap at a
+/// batch's start, possibly several versions deep. A transaction that took
+/// its xid early can append version n+1 with a smaller txid than version
+/// n's. They are all committed: a version exists only after its
+/// predecessor's transaction released the job's row lock.
 ///
 /// Each job is walked down from `up_to - 1` and the walk stops at the first
 /// version the checkpoint `after` has passed: every version below a passed
-/// one was handed out when that one was (by this same rule), so the cost is
+/// one was handed out when that one was (by the same rule), so the cost is
 /// the few versions since the checkpoint, not the job's whole history (a
-/// long job heartbeating for a day has thousands of versions; reading all
-/// of them per batch cost 3 ms a job in review).
-pub async fn left_out_versions(
+/// long job heartbeating for a day has thousands of versions).
+pub async fn versions_below_walked(
     conn: &mut PgConnection,
     after: (i64, i64),
     end: (i64, i64),
