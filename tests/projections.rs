@@ -5,6 +5,7 @@
 
 mod common;
 
+use common::gated::gated;
 use common::{fresh, within, TestDb};
 use jobledger::reader::LogReader;
 use jobledger_projections::runner::{reached, Runner};
@@ -339,43 +340,6 @@ async fn a_minimum_position_read_waits_or_says_pending() {
     assert_eq!(waiting.await.unwrap(), Freshness::Reached);
 }
 
-/// A log source that stops after one read from `at` (the rebuild's first
-/// read) until the test opens the gate: runner A has read its batch but not
-/// yet written it.
-struct GatedLog<'a> {
-    inner: &'a LogReader,
-    at: jobledger_projections::Checkpoint,
-    read_done: tokio::sync::mpsc::Sender<()>,
-    gate: tokio::sync::Mutex<tokio::sync::mpsc::Receiver<()>>,
-    armed: std::sync::atomic::AtomicBool,
-}
-
-impl jobledger_projections::LogSource for GatedLog<'_> {
-    fn read(
-        &self,
-        after: jobledger_projections::Checkpoint,
-        limit: i64,
-    ) -> BoxFuture<
-        '_,
-        Result<(Vec<Event>, jobledger_projections::Checkpoint), jobledger_projections::ProjectionError>,
-    > {
-        Box::pin(async move {
-            let out = jobledger_projections::LogSource::read(self.inner, after, limit).await?;
-            if after == self.at && self.armed.swap(false, std::sync::atomic::Ordering::SeqCst) {
-                self.read_done.send(()).await.unwrap();
-                self.gate.lock().await.recv().await;
-            }
-            Ok(out)
-        })
-    }
-    fn behind(
-        &self,
-        after: jobledger_projections::Checkpoint,
-    ) -> BoxFuture<'_, Result<bool, jobledger_projections::ProjectionError>> {
-        jobledger_projections::LogSource::behind(self.inner, after)
-    }
-}
-
 /// Issue 9 item 2: runner A reads the rebuild's first batch; runner B steps
 /// the same rebuild meanwhile; A then finds the checkpoint moved. That lost
 /// race is not "caught up": A must not switch the view to the partly built
@@ -394,26 +358,19 @@ async fn a_lost_race_never_switches_in_a_partial_rebuild() {
     assert_eq!(timeline_rows(&db).await, 30);
     b.start_rebuild(&JobTimeline).await.unwrap();
 
-    let (read_done, mut at_gate) = tokio::sync::mpsc::channel(1);
-    let (open, gate) = tokio::sync::mpsc::channel(1);
-    let gated = GatedLog {
-        inner: &reader,
-        at: jobledger_projections::Checkpoint::default(),
-        read_done,
-        gate: tokio::sync::Mutex::new(gate),
-        armed: true.into(),
-    };
-    let a = Runner::new(db.ledger.pool().clone(), &gated, 10).await.unwrap();
+    // The rebuild's first read is the only one from position 0.
+    let (log, mut gate) = gated(&reader, jobledger_projections::Checkpoint::default(), 0);
+    let a = Runner::new(db.ledger.pool().clone(), &log, 10).await.unwrap();
     let a_step = a.step(&[&JobTimeline]);
     let b_moves = async {
-        at_gate.recv().await.unwrap(); // A holds its first rebuild batch
+        gate.wait_held().await; // A holds its first rebuild batch
         let s = b.step(&[&JobTimeline]).await.unwrap();
         assert_eq!(
             (s.rebuilt, s.switched_to),
             (10, None),
             "B built the first 10 of 30"
         );
-        open.send(()).await.unwrap();
+        gate.release().await;
     };
     let (a_result, ()) = tokio::join!(a_step, b_moves);
     let s = a_result.unwrap();
@@ -465,4 +422,40 @@ async fn a_caught_up_rebuild_switches_while_commits_wait_behind_the_horizon() {
     holder.rollback().await.unwrap();
     within("a catch-up", r.catch_up(&[&JobTimeline])).await.unwrap();
     assert_eq!(timeline_rows(&db).await, 6, "the waiting commit arrives");
+}
+
+/// Issue 10: a catch-up that cannot move (a commit waits behind an open
+/// transaction) gives up after the runner's patience with an error that
+/// says why, instead of hanging its caller; once the transaction ends the
+/// same runner catches up.
+#[tokio::test]
+async fn a_catch_up_held_by_an_open_transaction_reports_a_stall() {
+    let db = fresh().await;
+    db.enqueue(Some("before"), json!({})).await;
+    let reader = LogReader::open(db.ledger.pool().clone(), "projections")
+        .await
+        .unwrap();
+    let r = Runner::new(db.ledger.pool().clone(), &reader, 10)
+        .await
+        .unwrap()
+        .with_patience(std::time::Duration::from_millis(300));
+    within("a catch-up", r.catch_up(&[&JobTimeline])).await.unwrap();
+
+    let mut holder = db.ledger.pool().begin().await.unwrap();
+    sqlx::query("SELECT pg_current_xact_id()")
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    db.enqueue(Some("waits"), json!({})).await;
+    let held = within("a stalled catch-up", r.catch_up(&[&JobTimeline])).await;
+    match held {
+        Err(jobledger_projections::ProjectionError::Stalled { name, waited }) => {
+            assert_eq!(name, "job_timeline");
+            assert!(waited >= std::time::Duration::from_millis(300), "{waited:?}");
+        }
+        other => panic!("a held horizon is a stall, got {other:?}"),
+    }
+    holder.rollback().await.unwrap();
+    within("a catch-up", r.catch_up(&[&JobTimeline])).await.unwrap();
+    assert_eq!(timeline_rows(&db).await, 2, "the waiting commit arrives");
 }

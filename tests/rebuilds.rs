@@ -1,12 +1,17 @@
 //! Issue 10 item 4: a rebuild whose process died resumes from its own
 //! checkpoint (it neither starts over nor skips), with a projection that
-//! counts every application, so a double apply cannot hide.
+//! counts every application, so a double apply cannot hide; and the
+//! switch's guard against a rebuild that fell behind the serving table.
+//! No test here holds the snapshot horizon, so the gated runners below see
+//! every commit.
 
 mod common;
 
 use common::counting::Counting;
+use common::gated::gated;
 use common::{fresh, within};
 use jobledger::reader::LogReader;
+use jobledger_projections::registry;
 use jobledger_projections::runner::Runner;
 use serde_json::json;
 
@@ -49,4 +54,79 @@ async fn a_crashed_rebuild_resumes_from_its_own_checkpoint() {
         rows.iter().all(|(_, n)| *n == 1),
         "nothing applied twice: {rows:?}"
     );
+}
+
+/// Issue 10: the switch's own guard, alone. Runner A finds the rebuild
+/// caught up (an empty read) and is held before it switches; meanwhile new
+/// events commit and runner B applies them to the serving table only (B is
+/// held before its rebuild batch). A's switch must then refuse: the rebuild
+/// is behind the table it would replace. `Raced` cannot help here, A read
+/// nothing.
+#[tokio::test]
+async fn a_switch_never_serves_a_rebuild_behind_the_serving_table() {
+    let db = fresh().await;
+    for i in 0..6 {
+        db.enqueue(Some(&format!("s{i}")), json!({ "i": i })).await;
+    }
+    let reader = LogReader::open(db.ledger.pool().clone(), "projections")
+        .await
+        .unwrap();
+    let setup = Runner::new(db.ledger.pool().clone(), &reader, 100).await.unwrap();
+    within("a catch-up", setup.catch_up(&[&counts(1)])).await.unwrap();
+    setup.start_rebuild(&counts(1)).await.unwrap();
+    let s = setup.step(&[&counts(1)]).await.unwrap();
+    assert_eq!((s.rebuilt, s.switched_to), (6, None), "rebuilt, not yet switched");
+    let entry = registry::entries(db.ledger.pool())
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|e| e.name == "counts")
+        .unwrap();
+    let at = entry.checkpoint();
+    assert_eq!(entry.building_checkpoint(), at, "both tables at the same place");
+
+    // Both runners let their serving read from `at` pass and hold the
+    // rebuild read that follows it.
+    let (log_a, mut gate_a) = gated(&reader, at, 1);
+    let (log_b, mut gate_b) = gated(&reader, at, 1);
+    let a = Runner::new(db.ledger.pool().clone(), &log_a, 100).await.unwrap();
+    let b = Runner::new(db.ledger.pool().clone(), &log_b, 100).await.unwrap();
+    let c = counts(1);
+    let versions: [&dyn jobledger_projections::Projection; 1] = [&c];
+    let (a_done, a_finished) = tokio::sync::oneshot::channel();
+    let a_step = async {
+        let s = a.step(&versions).await;
+        a_done.send(()).unwrap();
+        s
+    };
+    let director = async {
+        gate_a.wait_held().await; // A's rebuild read came back empty
+        for i in 0..3 {
+            db.enqueue(Some(&format!("late{i}")), json!({ "i": i })).await;
+        }
+        let b_step = b.step(&versions);
+        let order = async {
+            gate_b.wait_held().await; // B applied the 3 to the serving table
+            gate_a.release().await;
+            within("A's switch", a_finished).await.unwrap();
+            gate_b.release().await;
+        };
+        tokio::join!(b_step, order).0
+    };
+    let (a_result, b_result) = tokio::join!(a_step, director);
+    let (sa, sb) = (a_result.unwrap(), b_result.unwrap());
+    assert_eq!(sb.applied, 3, "B moved the serving table past the rebuild");
+    assert_eq!(
+        (sa.rebuilt, sa.switched_to),
+        (0, None),
+        "A must not switch in a rebuild behind the serving table"
+    );
+    assert_eq!(
+        db.count("SELECT count(*) FROM jobledger_proj.counts").await,
+        9,
+        "the view serves every event"
+    );
+    let done = within("a catch-up", setup.catch_up(&[&counts(1)])).await.unwrap();
+    assert_eq!(done.switched_to, Some(1));
+    assert_eq!(db.count("SELECT count(*) FROM jobledger_proj.counts").await, 9);
 }

@@ -61,6 +61,13 @@ pub enum ProjectionError {
     Log(String),
     #[error("unknown projection {0}")]
     Unknown(String),
+    /// Committed events wait behind an open transaction and nothing moved
+    /// for the runner's whole patience.
+    #[error("projection {name} made no progress for {waited:?}: committed events wait behind an open transaction (see pg_stat_activity for one idle in transaction)")]
+    Stalled {
+        name: String,
+        waited: std::time::Duration,
+    },
 }
 
 /// The log, read in batches after a checkpoint: every event, each job's

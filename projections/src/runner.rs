@@ -39,7 +39,13 @@ pub struct Runner<'a> {
     pool: PgPool,
     log: &'a dyn LogSource,
     batch: i64,
+    patience: std::time::Duration,
 }
+
+/// How long `catch_up` waits with nothing moving before it gives up: long
+/// enough for a slow commit, short enough that a forgotten open transaction
+/// is reported instead of hanging the caller.
+pub const DEFAULT_PATIENCE: std::time::Duration = std::time::Duration::from_secs(60);
 
 pub fn table_name(name: &str, version: i32) -> String {
     format!("{name}_v{version}")
@@ -48,7 +54,19 @@ pub fn table_name(name: &str, version: i32) -> String {
 impl<'a> Runner<'a> {
     pub async fn new(pool: PgPool, log: &'a dyn LogSource, batch: i64) -> Result<Self, ProjectionError> {
         registry::install(&pool).await?;
-        Ok(Runner { pool, log, batch })
+        Ok(Runner {
+            pool,
+            log,
+            batch,
+            patience: DEFAULT_PATIENCE,
+        })
+    }
+
+    /// Sets how long `catch_up` may go without progress (see
+    /// [`DEFAULT_PATIENCE`]).
+    pub fn with_patience(mut self, patience: std::time::Duration) -> Self {
+        self.patience = patience;
+        self
     }
 
     /// Registers the projection if new, starts a rebuild if its code is
@@ -209,10 +227,14 @@ impl<'a> Runner<'a> {
     /// every event committed before the call. An empty batch alone is not
     /// enough: while an open transaction of this database holds the log
     /// horizon back, later commits wait behind it, and so does this (backing
-    /// off up to 250 ms between tries).
+    /// off up to 250 ms between tries). A wait with nothing applied for
+    /// longer than the runner's patience ends in `ProjectionError::Stalled`:
+    /// a long catch-up that moves is never cut short, a held horizon is
+    /// reported instead of hanging the caller.
     pub async fn catch_up(&self, versions: &[&dyn Projection]) -> Result<Step, ProjectionError> {
         let mut total = Step::default();
         let mut idle = std::time::Duration::from_millis(5);
+        let mut moved = std::time::Instant::now();
         loop {
             let s = self.step(versions).await?;
             total.applied += s.applied;
@@ -226,10 +248,17 @@ impl<'a> Runner<'a> {
                 if !serves || !self.log.behind(e.checkpoint()).await? {
                     return Ok(total);
                 }
+                if moved.elapsed() >= self.patience {
+                    return Err(ProjectionError::Stalled {
+                        name: name.to_string(),
+                        waited: moved.elapsed(),
+                    });
+                }
                 tokio::time::sleep(idle).await;
                 idle = (idle * 2).min(std::time::Duration::from_millis(250));
             } else {
                 idle = std::time::Duration::from_millis(5);
+                moved = std::time::Instant::now();
             }
         }
     }
