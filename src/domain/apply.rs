@@ -5,6 +5,8 @@ use thiserror::Error;
 use super::decide::next_action_after;
 use super::event::{Event, EventBody};
 use super::model::{ErrorClass, Job, JobState, LastError, NextAction, ReceiptStatus, Release, ReleaseOp};
+use super::steps::initial;
+use super::workflow::{parent_state, Membership, StepStatus, Tally, WorkflowTie};
 use JobState::*;
 
 #[derive(Debug, Error, PartialEq, Eq)]
@@ -30,6 +32,8 @@ pub enum ApplyError {
     },
     #[error("chain broken: prev_hash does not match the previous event's hash")]
     Chain,
+    #[error("workflow: {0}")]
+    Workflow(String),
 }
 
 /// Every edge of the state machine: (event type, from, to). The diagram in
@@ -47,7 +51,7 @@ pub fn edge_allowed(body: &EventBody, from: JobState, to: JobState) -> bool {
             (Leased, Queued) | (Leased, Dead) | (CancelRequested, Cancelled) | (CancelRequested, Dead)
         ),
         EventBody::CancelRequested { .. } => (from, to) == (Leased, CancelRequested),
-        EventBody::Cancelled { .. } => (from, to) == (Queued, Cancelled),
+        EventBody::Cancelled { .. } => matches!((from, to), (Queued | Waiting, Cancelled)),
         EventBody::CancelConfirmed { .. } => (from, to) == (CancelRequested, Cancelled),
         EventBody::CancelRefused { .. } => (from, to) == (AwaitingReceipt, AwaitingReceipt),
         EventBody::ReceiptResolved { .. } => {
@@ -63,6 +67,11 @@ pub fn edge_allowed(body: &EventBody, from: JobState, to: JobState) -> bool {
         EventBody::Replayed { .. } => (from, to) == (Dead, Queued),
         EventBody::Observed { .. } => from == to,
         EventBody::Purged {} => from.is_terminal() && from == to,
+        // The parent's target state is checked against its tally in `apply`.
+        EventBody::StepFinished { .. } => matches!(from, Running | Failing) && to.is_parent_state(),
+        EventBody::StepReopened { .. } => from.is_parent_state() && to.is_parent_state(),
+        EventBody::DependenciesResolved { .. } => from == Waiting && matches!(to, Queued | Cancelled | Waiting),
+        EventBody::HoldReleased { .. } => (from, to) == (Waiting, Queued),
     }
 }
 
@@ -230,8 +239,35 @@ pub fn apply(job: Option<&Job>, ev: &Event) -> Result<Job, ApplyError> {
             j.receipt_deadline = None;
             unlease(&mut j);
         }
+        EventBody::StepFinished { status, .. } => tally(&mut j, ev, StepStatus::Open, *status)?,
+        EventBody::StepReopened { previous, .. } => tally(&mut j, ev, *previous, StepStatus::Open)?,
+        EventBody::DependenciesResolved { .. } | EventBody::HoldReleased { .. } => {
+            if !matches!(j.workflow, Some(Membership::Step(_))) {
+                return Err(ApplyError::Workflow("a dependency event on a job that is no step".into()));
+            }
+        }
     }
     Ok(j)
+}
+
+/// Moves one step in the parent's tally and checks that the event's state
+/// is the rule table's answer for the new tally.
+fn tally(j: &mut Job, ev: &Event, from: StepStatus, to: StepStatus) -> Result<(), ApplyError> {
+    if !matches!(j.workflow, Some(Membership::Parent { .. })) {
+        return Err(ApplyError::Workflow("a step event on a job that is no workflow".into()));
+    }
+    let t = Tally::from_value(j.result.as_ref())
+        .and_then(|t| t.moved(from, to))
+        .ok_or_else(|| ApplyError::Workflow(format!("no step counted as {from} is left to end as {to}")))?;
+    if ev.to_state != parent_state(t) {
+        return Err(ApplyError::Workflow(format!(
+            "the event says {}, the steps say {}",
+            ev.to_state,
+            parent_state(t)
+        )));
+    }
+    j.result = Some(t.to_value());
+    Ok(())
 }
 
 fn unlease(j: &mut Job) {
@@ -249,9 +285,21 @@ fn first(ev: &Event) -> Result<Job, ApplyError> {
         priority,
         run_at,
         policy,
+        workflow,
     } = &ev.body
     else {
         return Err(ApplyError::MissingEnqueue(ev.body.type_name()));
+    };
+    if (ev.to_state, ev.reason) != initial(workflow.as_ref()) {
+        return Err(ApplyError::IllegalEdge {
+            kind: "enqueued",
+            from: "-".into(),
+            to: ev.to_state.to_string(),
+        });
+    }
+    let result = match workflow {
+        Some(WorkflowTie::Parent { steps }) => Some(Tally::new(steps.len() as i64).to_value()),
+        _ => None,
     };
     if ev.version != 1 {
         return Err(ApplyError::VersionGap {
@@ -283,7 +331,7 @@ fn first(ev: &Event) -> Result<Job, ApplyError> {
         step: None,
         receipt_id: None,
         receipt_deadline: None,
-        result: None,
+        result,
         release: None,
         last_error: None,
         reason: ev.reason,
@@ -291,5 +339,6 @@ fn first(ev: &Event) -> Result<Job, ApplyError> {
         updated_at: ev.recorded_at,
         version: 1,
         last_hash: ev.hash.clone(),
+        workflow: workflow.as_ref().map(WorkflowTie::membership),
     })
 }

@@ -5,6 +5,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::model::{wire_enum, ErrorClass, Policy, ReceiptStatus};
+use super::reason::Reason;
+use super::workflow::StepStatus;
 
 /// The generation a writer claims to act for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -78,6 +80,29 @@ pub enum Command {
     /// leases, and receipt deadlines.
     Expire,
     Purge,
+    /// On a parent, from the ledger in the step's own transaction.
+    StepFinished {
+        step: String,
+        job_id: uuid::Uuid,
+        status: StepStatus,
+        version: i64,
+        reason: Reason,
+    },
+    StepReopened {
+        step: String,
+        job_id: uuid::Uuid,
+        previous: StepStatus,
+        version: i64,
+    },
+    /// On a waiting step: the current states of its prerequisites (read by
+    /// the ledger under the parent's lock).
+    Resolve {
+        prerequisites: Vec<(String, super::model::JobState)>,
+    },
+    ReleaseHold {
+        operator: String,
+        note: String,
+    },
 }
 
 impl Command {
@@ -99,6 +124,10 @@ impl Command {
             Command::Replay { .. } => "replay",
             Command::Expire => "expire",
             Command::Purge => "purge",
+            Command::StepFinished { .. } => "step_finished",
+            Command::StepReopened { .. } => "step_reopened",
+            Command::Resolve { .. } => "resolve",
+            Command::ReleaseHold { .. } => "release_hold",
         }
     }
 

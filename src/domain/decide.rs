@@ -13,19 +13,20 @@ use super::model::{
     ErrorClass, ExpiryPolicy, Job, JobState, NextAction, Policy, ReceiptPolicy, ReceiptStatus, ReleaseOp,
 };
 use super::reason::Reason;
+use super::workflow::{Membership, WorkflowTie};
 
 /// An event before it is numbered and hashed.
-struct Draft {
-    body: EventBody,
-    to: JobState,
-    reason: Reason,
-    error_class: Option<ErrorClass>,
-    token: i64,
-    attempt: i32,
-    run: i32,
+pub(super) struct Draft {
+    pub(super) body: EventBody,
+    pub(super) to: JobState,
+    pub(super) reason: Reason,
+    pub(super) error_class: Option<ErrorClass>,
+    pub(super) token: i64,
+    pub(super) attempt: i32,
+    pub(super) run: i32,
 }
 
-fn draft(job: &Job, body: EventBody, to: JobState, reason: Reason) -> Draft {
+pub(super) fn draft(job: &Job, body: EventBody, to: JobState, reason: Reason) -> Draft {
     Draft {
         body,
         to,
@@ -66,6 +67,20 @@ fn later(ctx: &Ctx, ms: i64) -> chrono::DateTime<chrono::Utc> {
 /// The first event of a job.
 /// `policy` is the resolved policy (the caller's, the kind's or the default).
 pub fn decide_enqueue(job_id: Uuid, epoch: i64, new: &NewJob, policy: &Policy, ctx: &Ctx) -> Event {
+    decide_enqueue_tied(job_id, epoch, new, policy, None, ctx)
+}
+
+/// The first event of a job that is a workflow's parent or step: a parent
+/// starts `running`, a step with prerequisites `waiting`.
+pub fn decide_enqueue_tied(
+    job_id: Uuid,
+    epoch: i64,
+    new: &NewJob,
+    policy: &Policy,
+    tie: Option<&WorkflowTie>,
+    ctx: &Ctx,
+) -> Event {
+    let (to_state, reason) = super::steps::initial(tie);
     let run_at = match (new.run_at, new.delay_ms) {
         (Some(at), _) => to_micros(at),
         (None, Some(ms)) => later(ctx, ms),
@@ -79,8 +94,8 @@ pub fn decide_enqueue(job_id: Uuid, epoch: i64, new: &NewJob, policy: &Policy, c
         attempt: 0,
         run: 0,
         from_state: None,
-        to_state: JobState::Queued,
-        reason: Reason::New,
+        to_state,
+        reason,
         error_class: None,
         actor: ctx.actor.clone(),
         recorded_at: to_micros(ctx.now),
@@ -93,6 +108,7 @@ pub fn decide_enqueue(job_id: Uuid, epoch: i64, new: &NewJob, policy: &Policy, c
             priority: new.priority,
             run_at,
             policy: policy.clone(),
+            workflow: tie.cloned(),
         },
         prev_hash: None,
         hash: String::new(),
@@ -235,6 +251,11 @@ pub fn decide(job: &Job, cmd: &Command, ctx: &Ctx) -> Result<Event, Rejection> {
         Command::Cancel { note } => cancel(job, note)?,
         Command::Receipt { receipt_id, status } => receipt(job, receipt_id, *status, ctx)?,
         Command::Replay { operator, note } => {
+            if matches!(job.workflow, Some(Membership::Parent { .. })) {
+                return Err(Rejection::invalid(
+                    "a workflow is not replayed: replay its dead step, and the workflow reopens",
+                ));
+            }
             if job.state != JobState::Dead {
                 return Err(Rejection::invalid(format!(
                     "only dead jobs are replayed (job is {})",
@@ -260,6 +281,21 @@ pub fn decide(job: &Job, cmd: &Command, ctx: &Ctx) -> Result<Event, Rejection> {
             }
             draft(job, EventBody::Purged {}, job.state, Reason::Purged)
         }
+        Command::StepFinished {
+            step,
+            job_id,
+            status,
+            version,
+            reason,
+        } => super::steps::finished(job, step, *job_id, *status, *version, *reason)?,
+        Command::StepReopened {
+            step,
+            job_id,
+            previous,
+            version,
+        } => super::steps::reopened(job, step, *job_id, *previous, *version)?,
+        Command::Resolve { prerequisites } => super::steps::resolve(job, prerequisites)?,
+        Command::ReleaseHold { operator, note } => super::steps::release_hold(job, operator, note)?,
     };
     Ok(seal(job, d, ctx))
 }
@@ -387,7 +423,10 @@ fn fail(
 
 fn cancel(job: &Job, note: &Option<String>) -> Result<Draft, Rejection> {
     match job.state {
-        JobState::Queued => Ok(draft(
+        JobState::Running | JobState::Failing => Err(Rejection::invalid(
+            "a workflow is cancelled step by step (`workflow cancel`), not as one job",
+        )),
+        JobState::Queued | JobState::Waiting => Ok(draft(
             job,
             EventBody::Cancelled { note: note.clone() },
             JobState::Cancelled,

@@ -7,6 +7,7 @@ use uuid::Uuid;
 
 use super::model::{ErrorClass, JobState, NextAction, Policy, ReceiptStatus};
 use super::reason::Reason;
+use super::workflow::{StepStatus, WorkflowTie};
 
 /// What happened, with exactly the data `apply` needs to reproduce the
 /// projection. The variant name is the event `type`; the fields are `data`.
@@ -22,6 +23,10 @@ pub enum EventBody {
         priority: i16,
         run_at: DateTime<Utc>,
         policy: Policy,
+        /// Absent for a job outside any workflow, so those events (and
+        /// their hashes) are exactly what they were before workflows.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        workflow: Option<WorkflowTie>,
     },
     Claimed {
         holder: String,
@@ -99,6 +104,32 @@ pub enum EventBody {
         by_token: Option<i64>,
     },
     Purged {},
+    /// On a parent: one step ended (its final state and version).
+    StepFinished {
+        step: String,
+        job_id: Uuid,
+        status: StepStatus,
+        version: i64,
+        reason: Reason,
+    },
+    /// On a parent: a step that had ended is open again (an operator's
+    /// replay of a dead step).
+    StepReopened {
+        step: String,
+        job_id: Uuid,
+        previous: StepStatus,
+        version: i64,
+    },
+    /// On a waiting step: its prerequisites decided (queued, cancelled, or
+    /// held for a person); `failed` names the prerequisite that ended badly.
+    DependenciesResolved {
+        failed: Option<String>,
+    },
+    /// On a held step: an operator lets it run after all.
+    HoldReleased {
+        operator: String,
+        note: String,
+    },
 }
 
 impl EventBody {
@@ -124,6 +155,10 @@ impl EventBody {
             EventBody::Replayed { .. } => "replayed",
             EventBody::Observed { .. } => "observed",
             EventBody::Purged {} => "purged",
+            EventBody::StepFinished { .. } => "step_finished",
+            EventBody::StepReopened { .. } => "step_reopened",
+            EventBody::DependenciesResolved { .. } => "dependencies_resolved",
+            EventBody::HoldReleased { .. } => "hold_released",
         }
     }
 

@@ -10,10 +10,12 @@ pub mod event;
 pub mod fence;
 pub mod model;
 pub mod reason;
+mod steps;
+pub mod workflow;
 
 pub use apply::{apply, edge_allowed, ApplyError};
 pub use command::{Command, Ctx, Fence, NewJob, Outcome, Rejection};
-pub use decide::{decide, decide_enqueue};
+pub use decide::{decide, decide_enqueue, decide_enqueue_tied};
 pub use digest::{canonical_json, digest, event_hash};
 pub use event::{Event, EventBody};
 pub use model::{

@@ -6,6 +6,7 @@ use serde_json::Value;
 use uuid::Uuid;
 
 use super::reason::Reason;
+use super::workflow::Membership;
 
 /// Declares a string-backed enum with a stable wire name per variant.
 /// Wire names are a contract (stored in the log, sent to Kafka): never reuse one.
@@ -47,6 +48,12 @@ wire_enum!(
         Succeeded => "succeeded",
         Cancelled => "cancelled",
         Dead => "dead",
+        // A workflow step whose prerequisites have not all succeeded.
+        Waiting => "waiting",
+        // A workflow parent: its steps are open and none ended badly.
+        Running => "running",
+        // A workflow parent: a step ended dead or cancelled, others are open.
+        Failing => "failing",
     }
 );
 
@@ -58,6 +65,11 @@ impl JobState {
     /// States in which a worker holds a lease and may write through its token.
     pub fn is_held(self) -> bool {
         matches!(self, JobState::Leased | JobState::CancelRequested)
+    }
+
+    /// The states only a workflow parent takes (and the terminal ones).
+    pub fn is_parent_state(self) -> bool {
+        matches!(self, JobState::Running | JobState::Failing) || self.is_terminal()
     }
 }
 
@@ -204,4 +216,6 @@ pub struct Job {
     pub version: i64,
     /// Hex of the hash of the job's latest event: the head of its chain.
     pub last_hash: String,
+    /// A workflow's parent or one of its steps (from the `enqueued` event).
+    pub workflow: Option<Membership>,
 }

@@ -34,5 +34,14 @@ wire_enum!(
         ReleasedUnstarted => "released_unstarted",
         Snoozed => "snoozed",
         Purged => "purged",
+        WorkflowStarted => "workflow_started",
+        WaitingForDependencies => "waiting_for_dependencies",
+        DependenciesMet => "dependencies_met",
+        DependencyFailed => "dependency_failed",
+        DependencyFailedRun => "dependency_failed_run",
+        DependencyHeld => "dependency_held",
+        HoldReleased => "hold_released",
+        StepFinished => "step_finished",
+        StepReopened => "step_reopened",
     }
 );

@@ -93,8 +93,19 @@ pub(crate) async fn decide_and_write(
     write_decisions(conn, decided).await
 }
 
-/// Writes every accepted decision in one statement per table.
+/// Writes every accepted decision, then what follows from them in the same
+/// transaction (workflow parents and the steps waiting on a finished one).
 pub(crate) async fn write_decisions(
+    conn: &mut PgConnection,
+    decided: Vec<(Job, Result<Event, Rejection>)>,
+) -> LedgerResult<Vec<WriteResult>> {
+    let results = write_wave(conn, decided).await?;
+    super::workflow::follow(conn, &results).await?;
+    Ok(results)
+}
+
+/// Writes every accepted decision in one statement per table.
+pub(crate) async fn write_wave(
     conn: &mut PgConnection,
     decided: Vec<(Job, Result<Event, Rejection>)>,
 ) -> LedgerResult<Vec<WriteResult>> {
@@ -171,6 +182,13 @@ pub(crate) async fn transition_in(
     actor: &str,
     cmd: Command,
 ) -> LedgerResult<WriteResult> {
+    // A waiting step is locked only under its parent's lock (lock order in
+    // ledger/workflow.rs); only these commands can reach one.
+    if matches!(cmd, Command::Cancel { .. } | Command::ReleaseHold { .. }) {
+        if let Some(parent) = crate::store::workflows::parent_of_waiting(&mut *conn, job_id).await? {
+            jobs::lock_jobs(conn, &[parent]).await?;
+        }
+    }
     let locked = match lock_one(conn, job_id).await? {
         Ok(l) => l,
         Err(purged) => return Ok(purged),

@@ -9,7 +9,8 @@ use uuid::Uuid;
 
 use super::error::{LedgerError, LedgerResult};
 use super::Ledger;
-use crate::domain::{apply, decide_enqueue, Ctx, Job, NewJob, Policy};
+use crate::domain::workflow::WorkflowTie;
+use crate::domain::{apply, decide_enqueue_tied, Ctx, Job, NewJob, Policy};
 use crate::store::{jobs, policies, EventRow, JobRow, StoreError};
 
 #[derive(Debug, Clone, Serialize)]
@@ -61,6 +62,29 @@ impl Ledger {
         conn: &mut PgConnection,
         news: Vec<NewJob>,
     ) -> LedgerResult<Vec<Enqueued>> {
+        self.enqueue_drafts_in(conn, news.into_iter().map(|n| (n, None)).collect())
+            .await
+    }
+
+    /// Jobs tied to a workflow, with the ids their ties already name.
+    pub(crate) async fn enqueue_tied_in(
+        &self,
+        conn: &mut PgConnection,
+        news: Vec<(NewJob, Uuid, WorkflowTie)>,
+    ) -> LedgerResult<Vec<Enqueued>> {
+        self.enqueue_drafts_in(
+            conn,
+            news.into_iter().map(|(n, id, tie)| (n, Some((id, tie)))).collect(),
+        )
+        .await
+    }
+
+    async fn enqueue_drafts_in(
+        &self,
+        conn: &mut PgConnection,
+        items: Vec<(NewJob, Option<(Uuid, WorkflowTie)>)>,
+    ) -> LedgerResult<Vec<Enqueued>> {
+        let (news, ties): (Vec<NewJob>, Vec<Option<(Uuid, WorkflowTie)>>) = items.into_iter().unzip();
         for n in &news {
             self.check_new(n)?;
         }
@@ -92,7 +116,7 @@ impl Ledger {
             jitter: 0.0,
         };
         let mut drafts = Vec::with_capacity(news.len());
-        for (new, epoch) in news.iter().zip(epochs) {
+        for ((new, epoch), tie) in news.iter().zip(epochs).zip(&ties) {
             let policy = match &new.policy {
                 Some(p) => p.clone(),
                 None => registered
@@ -100,7 +124,11 @@ impl Ledger {
                     .cloned()
                     .unwrap_or_default(),
             };
-            let ev = decide_enqueue(Uuid::now_v7(), epoch, new, &policy, &ctx);
+            let (id, tie) = match tie {
+                Some((id, tie)) => (*id, Some(tie)),
+                None => (Uuid::now_v7(), None),
+            };
+            let ev = decide_enqueue_tied(id, epoch, new, &policy, tie, &ctx);
             let job = apply(None, &ev).map_err(|e| StoreError::Corrupt(e.to_string()))?;
             drafts.push((ev, job));
         }

@@ -8,6 +8,7 @@ mod lease;
 mod ops;
 mod validate;
 mod verify;
+mod workflow;
 
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::PgPool;
@@ -21,6 +22,7 @@ pub use lease::Lease;
 pub use ops::{Found, HistoryEntry};
 pub use validate::Limits;
 pub use verify::{Problem, VerifyReport};
+pub use workflow::{Created as WorkflowCreated, StepView, WorkflowView};
 
 use crate::store::schema;
 

@@ -38,6 +38,7 @@ pub const JOB_TYPES: &[&str] = &[
     "timestamptz",
     "int8",
     "text",
+    "jsonb",
 ];
 
 pub const EVENT_TYPES: &[&str] = &[
@@ -99,6 +100,7 @@ pub struct JobArrays {
     pub updated_at: Vec<DateTime<Utc>>,
     pub version: Vec<i64>,
     pub last_hash: Vec<String>,
+    pub workflow: Vec<Option<Value>>,
 }
 
 impl JobArrays {
@@ -133,6 +135,7 @@ impl JobArrays {
             a.updated_at.push(r.updated_at);
             a.version.push(r.version);
             a.last_hash.push(r.last_hash);
+            a.workflow.push(r.workflow);
         }
         a
     }
@@ -170,6 +173,7 @@ impl JobArrays {
             .bind(self.updated_at)
             .bind(self.version)
             .bind(self.last_hash)
+            .bind(self.workflow)
     }
 }
 

@@ -15,6 +15,7 @@ pub mod rejections;
 pub mod rows;
 pub mod schema;
 pub mod tombstones;
+pub mod workflows;
 pub mod writes;
 
 use thiserror::Error;

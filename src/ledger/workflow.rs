@@ -1,0 +1,400 @@
+//! Workflows on the one write path: creation in the caller's transaction,
+//! and what follows a step's edge in the same transaction (the parent's
+//! event, the release or cancel of the steps waiting for it).
+//!
+//! Lock order (no deadlock between two steps of one parent finishing at
+//! once, or a step finishing while another is cancelled): a transaction
+//! locks the step(s) it writes, then their parents in id order, then the
+//! waiting dependents in id order. A waiting step's row is only ever locked
+//! by a transaction that holds its parent's row: `cancel` and
+//! `release_hold` of a waiting step lock the parent first.
+
+use serde::Serialize;
+use sqlx::PgConnection;
+use std::collections::{HashMap, HashSet};
+use uuid::Uuid;
+
+use super::engine::{self, WriteResult};
+use super::enqueue::Enqueued;
+use super::error::{LedgerError, LedgerResult};
+use super::Ledger;
+use crate::domain::workflow::{self, Membership, StepLink, StepRef, StepStatus, WorkflowSpec, WorkflowTie};
+use crate::domain::{decide, digest, Command, Job, JobState, NewJob, Policy};
+use crate::store::{jobs, workflows, StoreError};
+
+/// A created (or, for the same spec under the same key, found) workflow.
+#[derive(Debug, Clone, Serialize)]
+pub struct Created {
+    pub parent: Enqueued,
+    pub steps: Vec<(String, Enqueued)>,
+}
+
+/// A workflow as a person asks about it: the parent and each step's live
+/// state, with what a waiting step waits for.
+#[derive(Debug, Clone, Serialize)]
+pub struct WorkflowView {
+    pub parent: Job,
+    pub steps: Vec<StepView>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct StepView {
+    pub step: String,
+    pub job_id: Uuid,
+    pub state: JobState,
+    pub reason: crate::domain::Reason,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub waiting_for: Vec<String>,
+}
+
+impl Ledger {
+    /// Creates a workflow in its own transaction (retried when a purge of a
+    /// reused key raced the epoch draw, like `enqueue`).
+    pub async fn workflow(&self, spec: &WorkflowSpec) -> LedgerResult<Created> {
+        let mut tries = 0;
+        loop {
+            let mut tx = self.pool.begin().await?;
+            match self.workflow_in(&mut tx, spec).await {
+                Ok(c) => {
+                    tx.commit().await?;
+                    return Ok(c);
+                }
+                Err(e) if e.is_retryable() && tries < 5 => tries += 1,
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Creates the parent and every step inside the caller's transaction:
+    /// all of it exists exactly when the caller commits. On an error the
+    /// caller must roll back (the parent may already be written).
+    pub async fn workflow_in(&self, conn: &mut PgConnection, spec: &WorkflowSpec) -> LedgerResult<Created> {
+        let order = workflow::check(spec).map_err(|e| LedgerError::BadInput(e.to_string()))?;
+        let parent_id = Uuid::now_v7();
+        let ids: Vec<Uuid> = spec.steps.iter().map(|_| Uuid::now_v7()).collect();
+        let parent_tie = WorkflowTie::Parent {
+            steps: spec
+                .steps
+                .iter()
+                .zip(&ids)
+                .map(|(s, id)| StepRef {
+                    step: s.name.clone(),
+                    job_id: *id,
+                })
+                .collect(),
+        };
+        let parent = self
+            .enqueue_tied_in(conn, vec![(parent_job(spec), parent_id, parent_tie)])
+            .await?
+            .pop()
+            .expect("one in, one out");
+        if !parent.created {
+            let steps = self.existing_steps(conn, parent.job.job_id).await?;
+            return Ok(Created { parent, steps });
+        }
+        let ties = step_ties(spec, parent_id, &ids);
+        let news: Vec<(NewJob, Uuid, WorkflowTie)> = order
+            .iter()
+            .map(|&i| (step_job(spec, i), ids[i], ties[i].clone()))
+            .collect();
+        let created = self.enqueue_tied_in(conn, news).await?;
+        let mut steps = Vec::with_capacity(created.len());
+        for (&i, e) in order.iter().zip(created) {
+            if !e.created {
+                return Err(LedgerError::BadInput(format!(
+                    "step {:?}: key {:?} already names job {} in queue {:?}",
+                    spec.steps[i].name,
+                    e.job.job_key.as_deref().unwrap_or(""),
+                    e.job.job_id,
+                    e.job.queue
+                )));
+            }
+            steps.push((spec.steps[i].name.clone(), e));
+        }
+        Ok(Created { parent, steps })
+    }
+
+    async fn existing_steps(&self, conn: &mut PgConnection, parent: Uuid) -> LedgerResult<Vec<(String, Enqueued)>> {
+        let mut out = vec![];
+        for row in workflows::steps_of(&mut *conn, parent).await? {
+            let job = Job::try_from(row)?;
+            let name = match &job.workflow {
+                Some(Membership::Step(l)) => l.step.clone(),
+                _ => continue,
+            };
+            out.push((
+                name,
+                Enqueued {
+                    job,
+                    created: false,
+                    position: None,
+                },
+            ));
+        }
+        Ok(out)
+    }
+
+    /// The parent and its steps as they are now.
+    pub async fn workflow_view(&self, parent: Uuid) -> LedgerResult<WorkflowView> {
+        let row = jobs::find_job(&self.pool, parent)
+            .await?
+            .ok_or(LedgerError::NotFound(parent))?;
+        let parent_job = Job::try_from(row)?;
+        if !matches!(parent_job.workflow, Some(Membership::Parent { .. })) {
+            return Err(LedgerError::BadInput(format!("job {parent} is not a workflow")));
+        }
+        let steps: Vec<Job> = workflows::steps_of(&self.pool, parent)
+            .await?
+            .into_iter()
+            .map(Job::try_from)
+            .collect::<Result<_, _>>()?;
+        let state: HashMap<Uuid, JobState> = steps.iter().map(|j| (j.job_id, j.state)).collect();
+        let views = steps
+            .iter()
+            .filter_map(|j| {
+                let Some(Membership::Step(l)) = &j.workflow else { return None };
+                let waiting_for = if j.state == JobState::Waiting {
+                    l.after
+                        .iter()
+                        .filter(|r| state.get(&r.job_id).is_none_or(|s| *s != JobState::Succeeded))
+                        .map(|r| r.step.clone())
+                        .collect()
+                } else {
+                    vec![]
+                };
+                Some(StepView {
+                    step: l.step.clone(),
+                    job_id: j.job_id,
+                    state: j.state,
+                    reason: j.reason,
+                    waiting_for,
+                })
+            })
+            .collect();
+        Ok(WorkflowView {
+            parent: parent_job,
+            steps: views,
+        })
+    }
+
+    /// Lets a step held by its `hold` policy run after all.
+    pub async fn release_hold(&self, job_id: Uuid, operator: &str, note: &str) -> LedgerResult<WriteResult> {
+        self.limits.name("operator", operator)?;
+        self.limits.name("reason", note)?;
+        let cmd = Command::ReleaseHold {
+            operator: operator.into(),
+            note: note.into(),
+        };
+        engine::run_transition(&self.pool, job_id, &format!("operator:{operator}"), cmd).await
+    }
+}
+
+fn parent_job(spec: &WorkflowSpec) -> NewJob {
+    let spec_json = serde_json::to_value(spec).expect("a spec serialises");
+    NewJob {
+        queue: spec.queue.clone(),
+        kind: spec.name.clone(),
+        job_key: spec.key.clone(),
+        // The request's digest makes the key idempotent for the same spec
+        // and a conflict for another; the input is the caller's payload.
+        payload: serde_json::json!({ "input": spec.payload, "spec_digest": digest(&spec_json) }),
+        priority: 0,
+        run_at: None,
+        delay_ms: None,
+        // A parent is never claimed; a fixed policy keeps it from picking
+        // up a kind policy registered for its name.
+        policy: Some(Policy::default()),
+    }
+}
+
+fn step_job(spec: &WorkflowSpec, i: usize) -> NewJob {
+    let s = &spec.steps[i];
+    NewJob {
+        queue: s.queue.clone().unwrap_or_else(|| spec.queue.clone()),
+        kind: s.kind.clone(),
+        job_key: s.key.clone(),
+        payload: s.payload.clone(),
+        priority: s.priority,
+        run_at: None,
+        delay_ms: None,
+        policy: s.policy.clone(),
+    }
+}
+
+fn step_ties(spec: &WorkflowSpec, parent: Uuid, ids: &[Uuid]) -> Vec<WorkflowTie> {
+    let index: HashMap<&str, usize> = spec
+        .steps
+        .iter()
+        .enumerate()
+        .map(|(i, s)| (s.name.as_str(), i))
+        .collect();
+    let mut then: Vec<Vec<Uuid>> = vec![vec![]; spec.steps.len()];
+    for (i, s) in spec.steps.iter().enumerate() {
+        for a in &s.after {
+            then[index[a.as_str()]].push(ids[i]);
+        }
+    }
+    spec.steps
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            WorkflowTie::Step(StepLink {
+                parent,
+                step: s.name.clone(),
+                after: s
+                    .after
+                    .iter()
+                    .map(|a| StepRef {
+                        step: a.clone(),
+                        job_id: ids[index[a.as_str()]],
+                    })
+                    .collect(),
+                then: std::mem::take(&mut then[i]),
+                on_dependency_failure: s.on_dependency_failure,
+            })
+        })
+        .collect()
+}
+
+/// What a committed step edge tells its parent.
+struct Note {
+    parent: Uuid,
+    command: Command,
+    /// The steps to look at once the parent has counted this one.
+    then: Vec<Uuid>,
+}
+
+fn notes(results: &[WriteResult]) -> Vec<Note> {
+    let mut out = vec![];
+    for r in results.iter().filter(|r| r.committed()) {
+        let (Some(job), Some(ev)) = (&r.job, &r.event) else { continue };
+        let Some(Membership::Step(link)) = &job.workflow else { continue };
+        let was_ended = ev.from_state.is_some_and(JobState::is_terminal);
+        let command = if ev.to_state.is_terminal() && !was_ended {
+            Command::StepFinished {
+                step: link.step.clone(),
+                job_id: job.job_id,
+                status: StepStatus::of(ev.to_state),
+                version: ev.version,
+                reason: ev.reason,
+            }
+        } else if was_ended && !ev.to_state.is_terminal() {
+            Command::StepReopened {
+                step: link.step.clone(),
+                job_id: job.job_id,
+                previous: StepStatus::of(ev.from_state.expect("was ended")),
+                version: ev.version,
+            }
+        } else {
+            continue;
+        };
+        let then = match command {
+            Command::StepFinished { .. } => link.then.clone(),
+            _ => vec![],
+        };
+        out.push(Note {
+            parent: link.parent,
+            command,
+            then,
+        });
+    }
+    out
+}
+
+/// Everything that follows the committed edges in `first`, in the same
+/// transaction, until nothing more follows: each finished or reopened step
+/// is counted by its parent, then the steps waiting for a finished one are
+/// released, cancelled or held, and their own ends are counted in turn.
+pub(crate) async fn follow(conn: &mut PgConnection, first: &[WriteResult]) -> LedgerResult<()> {
+    let mut pending = notes(first);
+    while !pending.is_empty() {
+        // One note per parent per round: two notes are two versions.
+        let (mut round, mut later) = (vec![], vec![]);
+        let mut seen = HashSet::new();
+        for n in pending {
+            if seen.insert(n.parent) {
+                round.push(n);
+            } else {
+                later.push(n);
+            }
+        }
+        round.sort_by_key(|n| n.parent);
+        let ids: Vec<Uuid> = round.iter().map(|n| n.parent).collect();
+        let mut parents: HashMap<Uuid, (Job, chrono::DateTime<chrono::Utc>)> =
+            engine::to_jobs(jobs::lock_jobs(conn, &ids).await?)?
+                .into_iter()
+                .map(|(j, now)| (j.job_id, (j, now)))
+                .collect();
+        let mut decided = Vec::with_capacity(round.len());
+        for n in &round {
+            // A purged parent has nobody left to count for: its steps ended.
+            let Some((job, now)) = parents.remove(&n.parent) else { continue };
+            let d = decide(&job, &n.command, &engine::ctx(now, "workflow"));
+            decided.push((job, d));
+        }
+        for w in engine::write_wave(conn, decided).await? {
+            if !w.committed() {
+                return Err(StoreError::Corrupt(format!(
+                    "workflow {} refused a step's edge: {}",
+                    w.job_id,
+                    w.detail.unwrap_or_default()
+                ))
+                .into());
+            }
+        }
+        let mut dependents: Vec<Uuid> = round.into_iter().flat_map(|n| n.then).collect();
+        dependents.sort();
+        dependents.dedup();
+        if !dependents.is_empty() {
+            later.extend(notes(&resolve(conn, &dependents).await?));
+        }
+        pending = later;
+    }
+    Ok(())
+}
+
+/// Decides every waiting step in `ids` on its prerequisites' states now.
+async fn resolve(conn: &mut PgConnection, ids: &[Uuid]) -> LedgerResult<Vec<WriteResult>> {
+    let waiting: Vec<(Job, chrono::DateTime<chrono::Utc>)> = engine::to_jobs(jobs::lock_jobs(conn, ids).await?)?
+        .into_iter()
+        .filter(|(j, _)| j.state == JobState::Waiting)
+        .collect();
+    let mut wanted: Vec<Uuid> = waiting
+        .iter()
+        .filter_map(|(j, _)| match &j.workflow {
+            Some(Membership::Step(l)) => Some(l.after.iter().map(|r| r.job_id)),
+            _ => None,
+        })
+        .flatten()
+        .collect();
+    wanted.sort();
+    wanted.dedup();
+    let mut states = HashMap::new();
+    for (id, s) in workflows::states_of(&mut *conn, &wanted).await? {
+        let s = JobState::parse(&s).ok_or_else(|| StoreError::Corrupt(format!("state {s:?} of {id}")))?;
+        states.insert(id, s);
+    }
+    let mut decided = Vec::with_capacity(waiting.len());
+    for (job, now) in waiting {
+        let Some(Membership::Step(l)) = &job.workflow else { continue };
+        let prerequisites = l
+            .after
+            .iter()
+            .map(|r| {
+                let s = states.get(&r.job_id).copied().ok_or_else(|| {
+                    StoreError::Corrupt(format!("prerequisite {} of step {} is gone", r.job_id, job.job_id))
+                })?;
+                Ok((r.step.clone(), s))
+            })
+            .collect::<Result<Vec<_>, StoreError>>()?;
+        let d = decide(&job, &Command::Resolve { prerequisites }, &engine::ctx(now, "workflow"));
+        decided.push((job, d));
+    }
+    // A step still waiting for another prerequisite is refused here, which
+    // is no news: only what was written counts.
+    Ok(engine::write_wave(conn, decided)
+        .await?
+        .into_iter()
+        .filter(WriteResult::committed)
+        .collect())
+}

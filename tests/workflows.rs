@@ -1,0 +1,365 @@
+//! Issue 11: workflows on the one write path. A parent whose named steps are
+//! real jobs; a step waits until its prerequisites succeeded, released in
+//! the same transaction as the last one's success; a failed prerequisite
+//! cancels, runs or holds its dependents; the parent's state is the rule
+//! table over its tally, in its own hash-chained stream.
+
+mod common;
+
+use common::workers::{base, start, stop};
+use common::{eventually, fresh, within, TestDb};
+use jobledger::domain::workflow::{DependencyPolicy, StepSpec, WorkflowSpec};
+use jobledger::domain::{ErrorClass, JobState, Reason};
+use jobledger::ledger::{LedgerError, WorkflowCreated};
+use jobledger::worker::{HandlerOutcome, JobContext};
+use serde_json::json;
+use uuid::Uuid;
+
+fn step(name: &str, after: &[&str]) -> StepSpec {
+    StepSpec {
+        name: name.into(),
+        queue: None,
+        kind: name.into(),
+        key: None,
+        payload: json!({ "step": name }),
+        after: after.iter().map(|s| s.to_string()).collect(),
+        on_dependency_failure: DependencyPolicy::Cancel,
+        priority: 0,
+        policy: None,
+    }
+}
+
+fn spec(key: &str, steps: Vec<StepSpec>) -> WorkflowSpec {
+    WorkflowSpec {
+        queue: "q".into(),
+        name: "publish_note".into(),
+        key: Some(key.into()),
+        payload: json!({ "note": 7 }),
+        steps,
+    }
+}
+
+/// The seed example: render → review → publish.
+fn seed(key: &str, publish: DependencyPolicy) -> WorkflowSpec {
+    let mut publish_step = step("publish", &["review"]);
+    publish_step.on_dependency_failure = publish;
+    spec(key, vec![step("render", &[]), step("review", &["render"]), publish_step])
+}
+
+fn id_of(c: &WorkflowCreated, name: &str) -> Uuid {
+    c.steps.iter().find(|(n, _)| n == name).expect("step").1.job.job_id
+}
+
+async fn steps_by_state(db: &TestDb, parent: Uuid) -> Vec<(String, JobState, Reason)> {
+    let view = db.ledger.workflow_view(parent).await.unwrap();
+    view.steps.into_iter().map(|s| (s.step, s.state, s.reason)).collect()
+}
+
+/// Completes the only claimable job of queue `q`, which must be `kind`.
+async fn finish_next(db: &TestDb, kind: &str, ok: bool) {
+    let lease = db.claim_one("w").await;
+    assert_eq!(lease.job().unwrap().kind, kind, "claimed the wrong step");
+    let r = if ok {
+        lease.complete(Some(json!({ "done": kind }))).await.unwrap()
+    } else {
+        lease.fail(ErrorClass::Permanent, "rejected", None).await.unwrap()
+    };
+    assert!(r.committed(), "{r:?}");
+}
+
+#[tokio::test]
+async fn the_seed_workflow_with_real_workers_ends_per_step() {
+    let db = fresh().await;
+    let created = db.ledger.workflow(&seed("note-7", DependencyPolicy::Cancel)).await.unwrap();
+    let parent = created.parent.job.job_id;
+    assert_eq!(created.parent.job.state, JobState::Running);
+    assert_eq!(db.state_of(id_of(&created, "review")).await, JobState::Waiting);
+    let view = db.ledger.workflow_view(parent).await.unwrap();
+    let review = view.steps.iter().find(|s| s.step == "review").unwrap();
+    assert_eq!(review.waiting_for, vec!["render".to_string()], "show says what it waits for");
+
+    let (ran_tx, mut ran) = tokio::sync::mpsc::unbounded_channel();
+    let worker = base(&db, "w1")
+        .handler("render", {
+            let ran = ran_tx.clone();
+            move |_ctx: JobContext| {
+                let ran = ran.clone();
+                async move {
+                    ran.send("render").unwrap();
+                    HandlerOutcome::success(json!({ "pages": 3 }))
+                }
+            }
+        })
+        .handler("review", {
+            let ran = ran_tx.clone();
+            move |_ctx: JobContext| {
+                let ran = ran.clone();
+                async move {
+                    ran.send("review").unwrap();
+                    HandlerOutcome::permanent("rejected_by_editor")
+                }
+            }
+        })
+        .handler("publish", {
+            let ran = ran_tx.clone();
+            move |_ctx: JobContext| {
+                let ran = ran.clone();
+                async move {
+                    ran.send("publish").unwrap();
+                    HandlerOutcome::success(json!({}))
+                }
+            }
+        })
+        .build()
+        .unwrap();
+    let running = start(worker);
+    eventually("the workflow ends", || async {
+        db.state_of(parent).await.is_terminal()
+    })
+    .await;
+    stop(running).await;
+    drop(ran_tx);
+    let mut order = vec![];
+    while let Some(s) = ran.recv().await {
+        order.push(s);
+    }
+    assert_eq!(order, vec!["render", "review"], "publish never ran");
+    assert_eq!(
+        steps_by_state(&db, parent).await,
+        vec![
+            ("publish".into(), JobState::Cancelled, Reason::DependencyFailed),
+            ("render".into(), JobState::Succeeded, Reason::Completed),
+            ("review".into(), JobState::Dead, Reason::PermanentError),
+        ]
+    );
+    let p = db.job(parent).await;
+    assert_eq!(p.state, JobState::Dead, "a dead step: the workflow is dead, not cancelled");
+    assert_eq!(p.result, Some(json!({ "open": 0, "succeeded": 1, "cancelled": 1, "dead": 1 })));
+    // The parent's own stream tells the story, step by step.
+    let parent_events: Vec<(String, serde_json::Value)> = sqlx::query_as(
+        "SELECT to_state, data FROM jobledger.events WHERE job_id = $1 AND type = 'step_finished' ORDER BY version",
+    )
+    .bind(parent)
+    .fetch_all(db.ledger.pool())
+    .await
+    .unwrap();
+    let told: Vec<(String, String, String)> = parent_events
+        .iter()
+        .map(|(to, d)| (d["step"].as_str().unwrap().into(), d["status"].as_str().unwrap().into(), to.clone()))
+        .collect();
+    assert_eq!(
+        told,
+        vec![
+            ("render".into(), "succeeded".into(), "running".into()),
+            ("review".into(), "dead".into(), "failing".into()),
+            ("publish".into(), "cancelled".into(), "dead".into()),
+        ]
+    );
+    db.assert_verified().await;
+}
+
+/// The release of a dependent is part of the prerequisite's own commit: in
+/// the caller's transaction, rolled back with it, and committed with it.
+#[tokio::test]
+async fn a_prerequisites_success_and_the_release_commit_together() {
+    let db = fresh().await;
+    let created = db.ledger.workflow(&seed("atomic", DependencyPolicy::Cancel)).await.unwrap();
+    let review = id_of(&created, "review");
+    let lease = db.claim_one("w").await;
+
+    let mut tx = db.ledger.pool().begin().await.unwrap();
+    let r = lease.complete_in(&mut tx, Some(json!({}))).await.unwrap();
+    assert!(r.committed());
+    let inside: String = sqlx::query_scalar("SELECT state FROM jobledger.jobs WHERE job_id = $1")
+        .bind(review)
+        .fetch_one(&mut *tx)
+        .await
+        .unwrap();
+    assert_eq!(inside, "queued", "released inside the same transaction");
+    assert_eq!(db.state_of(review).await, JobState::Waiting, "not visible before the commit");
+    tx.rollback().await.unwrap();
+    assert_eq!(db.state_of(review).await, JobState::Waiting, "rolled back together");
+    assert_eq!(db.state_of(lease.job_id()).await, JobState::Leased);
+
+    let mut tx = db.ledger.pool().begin().await.unwrap();
+    assert!(lease.complete_in(&mut tx, Some(json!({}))).await.unwrap().committed());
+    tx.commit().await.unwrap();
+    assert_eq!(db.state_of(review).await, JobState::Queued);
+    let txids: i64 = db
+        .count(&format!(
+            "SELECT count(DISTINCT txid) FROM jobledger.events WHERE version > 1 AND job_id IN \
+             ('{}', '{}', '{}')",
+            lease.job_id(),
+            review,
+            created.parent.job.job_id
+        ))
+        .await;
+    assert_eq!(txids, 2, "the claim, then one transaction for the success, the parent's count and the release");
+}
+
+#[tokio::test]
+async fn bad_specs_are_refused_and_nothing_is_written() {
+    let db = fresh().await;
+    let cases: Vec<(WorkflowSpec, &str)> = vec![
+        (spec("c", vec![step("a", &["c"]), step("b", &["a"]), step("c", &["b"])]), "form a cycle"),
+        (spec("u", vec![step("a", &["nope"])]), "not a step of this workflow"),
+        (spec("d", vec![step("a", &[]), step("a", &[])]), "used twice"),
+        (spec("s", vec![step("a", &["a"])]), "waits for itself"),
+        (spec("e", vec![]), "at least one step"),
+        (
+            spec("big", (0..10_001).map(|i| step(&format!("s{i}"), &[])).collect()),
+            "at most 10000 steps",
+        ),
+    ];
+    for (s, says) in cases {
+        match db.ledger.workflow(&s).await {
+            Err(LedgerError::BadInput(m)) => assert!(m.contains(says), "{m:?} should say {says:?}"),
+            other => panic!("{says}: expected bad input, got {other:?}"),
+        }
+    }
+    assert_eq!(db.count("SELECT count(*) FROM jobledger.jobs").await, 0);
+    assert_eq!(db.count("SELECT count(*) FROM jobledger.events").await, 0);
+}
+
+#[tokio::test]
+async fn the_same_spec_under_the_same_key_is_the_same_workflow() {
+    let db = fresh().await;
+    let first = db.ledger.workflow(&seed("once", DependencyPolicy::Cancel)).await.unwrap();
+    let again = db.ledger.workflow(&seed("once", DependencyPolicy::Cancel)).await.unwrap();
+    assert!(first.parent.created && !again.parent.created);
+    assert_eq!(first.parent.job.job_id, again.parent.job.job_id);
+    assert_eq!(again.steps.len(), 3);
+    let other = db.ledger.workflow(&seed("once", DependencyPolicy::Hold)).await;
+    assert!(matches!(other, Err(LedgerError::KeyConflict { .. })), "{other:?}");
+    assert_eq!(db.count("SELECT count(*) FROM jobledger.jobs").await, 4);
+}
+
+/// Two steps of one parent finish at the same instant: the second waits for
+/// the parent's row (held by the first until it commits), then is counted
+/// too; the step waiting for both is released once, by the second.
+#[tokio::test]
+async fn two_steps_finishing_at_once_are_both_counted() {
+    let db = fresh().await;
+    let created = db
+        .ledger
+        .workflow(&spec("fan", vec![step("a", &[]), step("b", &[]), step("c", &["a", "b"])]))
+        .await
+        .unwrap();
+    let parent = created.parent.job.job_id;
+    let (la, lb) = (db.claim_one("wa").await, db.claim_one("wb").await);
+
+    let mut first = db.ledger.pool().begin().await.unwrap();
+    assert!(la.complete_in(&mut first, Some(json!({}))).await.unwrap().committed());
+    let second = tokio::spawn(async move { lb.complete(Some(json!({}))).await.unwrap() });
+    eventually("the second completion waits for the parent's lock", || async {
+        db.count("SELECT count(*) FROM pg_locks WHERE NOT granted AND locktype = 'transactionid'")
+            .await
+            == 1
+    })
+    .await;
+    first.commit().await.unwrap();
+    let r = within("the second completion", second).await.unwrap();
+    assert!(r.committed(), "{r:?}");
+    let p = db.job(parent).await;
+    assert_eq!(p.result, Some(json!({ "open": 1, "succeeded": 2, "cancelled": 0, "dead": 0 })));
+    assert_eq!(p.state, JobState::Running);
+    assert_eq!(db.state_of(id_of(&created, "c")).await, JobState::Queued);
+    assert_eq!(
+        db.count(&format!(
+            "SELECT count(*) FROM jobledger.events WHERE job_id = '{}' AND type = 'dependencies_resolved'",
+            id_of(&created, "c")
+        ))
+        .await,
+        1
+    );
+    finish_next(&db, "c", true).await;
+    assert_eq!(db.state_of(parent).await, JobState::Succeeded);
+    db.assert_verified().await;
+}
+
+/// `hold` keeps the dependent waiting for a person; replaying the dead step
+/// reopens the parent, and its success releases the held step.
+#[tokio::test]
+async fn a_held_step_waits_for_a_person_and_a_replay_reopens_the_parent() {
+    let db = fresh().await;
+    let created = db.ledger.workflow(&seed("held", DependencyPolicy::Hold)).await.unwrap();
+    let (parent, review, publish) = (
+        created.parent.job.job_id,
+        id_of(&created, "review"),
+        id_of(&created, "publish"),
+    );
+    finish_next(&db, "render", true).await;
+    finish_next(&db, "review", false).await;
+    let held = db.job(publish).await;
+    assert_eq!((held.state, held.reason), (JobState::Waiting, Reason::DependencyHeld));
+    assert_eq!(db.state_of(parent).await, JobState::Failing, "a dead step, an open one");
+    db.claim_none("w").await;
+
+    let r = db.ledger.replay(review, "ops", "editor changed their mind").await.unwrap();
+    assert!(r.committed());
+    assert_eq!(db.state_of(parent).await, JobState::Running, "reopened: nothing ended badly now");
+    finish_next(&db, "review", true).await;
+    assert_eq!(db.state_of(publish).await, JobState::Queued, "the held step goes once its prerequisite succeeded");
+    finish_next(&db, "publish", true).await;
+    assert_eq!(db.state_of(parent).await, JobState::Succeeded);
+    db.assert_verified().await;
+}
+
+#[tokio::test]
+async fn an_operator_releases_a_held_step_and_run_runs_anyway() {
+    let db = fresh().await;
+    let mut held = seed("op", DependencyPolicy::Hold);
+    held.steps.push({
+        let mut s = step("notify", &["review"]);
+        s.on_dependency_failure = DependencyPolicy::Run;
+        s
+    });
+    let created = db.ledger.workflow(&held).await.unwrap();
+    finish_next(&db, "render", true).await;
+    finish_next(&db, "review", false).await;
+    let notify = db.job(id_of(&created, "notify")).await;
+    assert_eq!((notify.state, notify.reason), (JobState::Queued, Reason::DependencyFailedRun));
+    let publish = id_of(&created, "publish");
+    let refused = db.ledger.release_hold(id_of(&created, "render"), "ops", "go").await.unwrap();
+    assert_eq!(refused.outcome, jobledger::domain::Outcome::InvalidTransition, "only a held step");
+    let r = db.ledger.release_hold(publish, "ops", "published by hand review").await.unwrap();
+    assert!(r.committed(), "{r:?}");
+    assert_eq!(db.job(publish).await.reason, Reason::HoldReleased);
+    db.assert_verified().await;
+}
+
+/// Cancelling a waiting step is counted by the parent and cascades to the
+/// steps that wait for it (policy `cancel`).
+#[tokio::test]
+async fn cancelling_a_waiting_step_cascades_and_is_counted() {
+    let db = fresh().await;
+    let created = db.ledger.workflow(&seed("cx", DependencyPolicy::Cancel)).await.unwrap();
+    let r = db.ledger.cancel(id_of(&created, "review"), Some("not needed")).await.unwrap();
+    assert!(r.committed(), "{r:?}");
+    assert_eq!(db.state_of(id_of(&created, "publish")).await, JobState::Cancelled);
+    let p = db.job(created.parent.job.job_id).await;
+    assert_eq!(p.state, JobState::Failing, "render still open, two cancelled");
+    finish_next(&db, "render", true).await;
+    assert_eq!(db.state_of(created.parent.job.job_id).await, JobState::Cancelled);
+    db.assert_verified().await;
+}
+
+/// A forged parent event that claims a state the tally does not give is
+/// found by `verify`, which replays parents like any job.
+#[tokio::test]
+async fn verify_replays_the_parent_against_the_rule_table() {
+    let db = fresh().await;
+    let created = db.ledger.workflow(&seed("v", DependencyPolicy::Cancel)).await.unwrap();
+    let parent = created.parent.job.job_id;
+    finish_next(&db, "render", true).await;
+    db.assert_verified().await;
+    // As the superuser around the triggers: the parent's count says
+    // `succeeded` after one of three steps.
+    db.around_the_log(
+        "UPDATE jobledger.events SET to_state = 'succeeded' WHERE job_id = $1 AND type = 'step_finished'",
+        parent,
+    )
+    .await;
+    let report = db.ledger.verify(Some(parent)).await.unwrap();
+    assert!(!report.ok(), "the forged parent state is found");
+}
