@@ -8,7 +8,7 @@ ALTER TABLE jobledger.jobs ADD CONSTRAINT jobs_state_check CHECK (state IN ('que
     'cancel_requested', 'awaiting_receipt', 'succeeded', 'cancelled', 'dead', 'waiting', 'running',
     'failing'));
 
--- {"role":"parent","steps":N} or {"role":"step","parent":…,"step":…,"after":[…],"then":[…],…}.
+-- {"role":"parent","steps":N,"fan_in":{…}?} or {"role":"step","parent":…,"step":…,"after":[…],"then":[…],…}.
 ALTER TABLE jobledger.jobs ADD COLUMN workflow jsonb;
 
 -- A parent's steps, for `workflow show` and `workflow cancel`.
@@ -35,8 +35,10 @@ BEGIN
                               AND (e.data ->> 'priority')::smallint = NEW.priority
                               AND e.data -> 'policy' = NEW.policy
                               AND (CASE WHEN e.data -> 'workflow' ->> 'role' = 'parent'
-                                        THEN jsonb_build_object('role', 'parent', 'steps',
-                                             jsonb_array_length(e.data -> 'workflow' -> 'steps'))
+                                        THEN jsonb_strip_nulls(jsonb_build_object('role', 'parent', 'steps',
+                                             jsonb_array_length(e.data -> 'workflow' -> 'steps')
+                                               + CASE WHEN e.data -> 'workflow' ? 'fan_in' THEN 1 ELSE 0 END,
+                                             'fan_in', e.data -> 'workflow' -> 'fan_in'))
                                         ELSE e.data -> 'workflow' END) IS NOT DISTINCT FROM NEW.workflow
                          END) THEN
         RAISE EXCEPTION 'jobledger.jobs row of job % (version %, state %) written without its event',

@@ -198,6 +198,7 @@ fn build(shape: &[(Vec<usize>, DependencyPolicy)]) -> World {
     let ids: Vec<Uuid> = shape.iter().map(|_| Uuid::now_v7()).collect();
     let name = |i: usize| format!("s{i}");
     let tie = WorkflowTie::Parent {
+        fan_in: None,
         steps: ids
             .iter()
             .enumerate()
@@ -316,6 +317,7 @@ proptest! {
                     policy: None,
                 })
                 .collect(),
+            finally: None,
         };
         match check(&spec) {
             Ok(order) => {

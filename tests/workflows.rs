@@ -36,6 +36,7 @@ fn spec(key: &str, steps: Vec<StepSpec>) -> WorkflowSpec {
         key: Some(key.into()),
         payload: json!({ "note": 7 }),
         steps,
+        finally: None,
     }
 }
 
@@ -362,4 +363,92 @@ async fn verify_replays_the_parent_against_the_rule_table() {
     .await;
     let report = db.ledger.verify(Some(parent)).await.unwrap();
     assert!(!report.ok(), "the forged parent state is found");
+}
+
+/// The fan-in runs exactly once, when every other step has ended, with
+/// their summary as its payload; it is counted like any step, and a replay
+/// after it ran does not create it again.
+#[tokio::test]
+async fn the_fan_in_runs_once_with_the_summary() {
+    let db = fresh().await;
+    let mut s = seed("fan-in", DependencyPolicy::Cancel);
+    s.finally = Some(jobledger::domain::workflow::FinallySpec {
+        name: "report".into(),
+        queue: None,
+        kind: "report".into(),
+        priority: 0,
+        policy: None,
+    });
+    let created = db.ledger.workflow(&s).await.unwrap();
+    let parent = created.parent.job.job_id;
+    assert_eq!(db.job(parent).await.result.unwrap()["open"], 4, "the fan-in is counted from the start");
+    finish_next(&db, "render", true).await;
+    assert_eq!(db.count("SELECT count(*) FROM jobledger.jobs WHERE kind = 'report'").await, 0);
+    finish_next(&db, "review", false).await;
+    // publish was cancelled by the dependency: every other step has ended.
+    let lease = db.claim_one("w").await;
+    let job = lease.job().unwrap().clone();
+    assert_eq!(job.kind, "report");
+    assert_eq!(job.payload["workflow"], json!(parent.to_string()));
+    assert_eq!(job.payload["steps"]["review"]["state"], "dead");
+    assert_eq!(job.payload["steps"]["publish"]["reason"], "dependency_failed");
+    assert_eq!(job.payload["steps"]["render"]["state"], "succeeded");
+    assert_eq!(db.state_of(parent).await, JobState::Failing, "the fan-in is still open");
+    assert!(lease.complete(Some(json!({ "sent": true }))).await.unwrap().committed());
+    assert_eq!(db.state_of(parent).await, JobState::Dead);
+
+    let review = id_of(&created, "review");
+    assert!(db.ledger.replay(review, "ops", "again").await.unwrap().committed());
+    finish_next(&db, "review", true).await;
+    assert_eq!(
+        db.count("SELECT count(*) FROM jobledger.jobs WHERE kind = 'report'").await,
+        1,
+        "created once"
+    );
+    assert_eq!(db.state_of(parent).await, JobState::Cancelled, "publish stays cancelled, nothing dead now");
+    db.assert_verified().await;
+}
+
+/// `workflow cancel`: every open step gets the usual cancel semantics, the
+/// parent records the request and counts each end.
+#[tokio::test]
+async fn cancelling_a_workflow_cancels_each_open_step() {
+    let db = fresh().await;
+    let created = db
+        .ledger
+        .workflow(&spec(
+            "wc",
+            vec![step("render", &[]), step("upload", &[]), step("review", &["render"]), step("publish", &["review", "upload"])],
+        ))
+        .await
+        .unwrap();
+    let parent = created.parent.job.job_id;
+    let render = db.claim_one("w").await;
+    let upload = db.claim_one("w").await;
+    assert!(upload.submit("rcpt-1").await.unwrap().committed(), "upload awaits a receipt");
+
+    let out = db.ledger.cancel_workflow(parent, Some("note withdrawn")).await.unwrap();
+    let outcomes: Vec<_> = out.iter().map(|r| r.outcome.as_str()).collect();
+    assert_eq!(outcomes[0], "committed", "the parent records the request: {outcomes:?}");
+    assert_eq!(db.state_of(id_of(&created, "review")).await, JobState::Cancelled);
+    assert_eq!(db.state_of(id_of(&created, "publish")).await, JobState::Cancelled);
+    assert_eq!(db.state_of(render.job_id()).await, JobState::CancelRequested);
+    let u = db.job(upload.job_id()).await;
+    assert_eq!((u.state, u.reason), (JobState::AwaitingReceipt, Reason::CancelAfterSubmit));
+    assert_eq!(db.state_of(parent).await, JobState::Failing);
+    let plain = db.ledger.cancel(parent, None).await.unwrap();
+    assert_eq!(plain.outcome.as_str(), "invalid_transition", "a workflow is not cancelled as one job");
+    let again = db.ledger.cancel_workflow(parent, None).await.unwrap();
+    assert_eq!(again[0].outcome.as_str(), "already_committed");
+
+    assert!(render.confirm_cancel().await.unwrap().committed());
+    let r = db.ledger.receipt(upload.job_id(), "rcpt-1", jobledger::domain::ReceiptStatus::Succeeded).await.unwrap();
+    assert!(r.committed());
+    let p = db.job(parent).await;
+    assert_eq!(p.state, JobState::Cancelled);
+    assert_eq!(
+        p.result,
+        Some(json!({ "open": 0, "succeeded": 1, "cancelled": 3, "dead": 0, "cancel_requested": true }))
+    );
+    db.assert_verified().await;
 }

@@ -50,7 +50,9 @@ pub fn edge_allowed(body: &EventBody, from: JobState, to: JobState) -> bool {
             (from, to),
             (Leased, Queued) | (Leased, Dead) | (CancelRequested, Cancelled) | (CancelRequested, Dead)
         ),
-        EventBody::CancelRequested { .. } => (from, to) == (Leased, CancelRequested),
+        EventBody::CancelRequested { .. } => {
+            (from, to) == (Leased, CancelRequested) || (matches!(from, Running | Failing) && to == from)
+        }
         EventBody::Cancelled { .. } => matches!((from, to), (Queued | Waiting, Cancelled)),
         EventBody::CancelConfirmed { .. } => (from, to) == (CancelRequested, Cancelled),
         EventBody::CancelRefused { .. } => (from, to) == (AwaitingReceipt, AwaitingReceipt),
@@ -195,6 +197,13 @@ pub fn apply(job: Option<&Job>, ev: &Event) -> Result<Job, ApplyError> {
             }
             unlease(&mut j);
         }
+        EventBody::CancelRequested { .. } if ev.to_state != CancelRequested => {
+            // A workflow's cancel: its tally remembers the request.
+            let mut t = Tally::from_value(j.result.as_ref())
+                .ok_or_else(|| ApplyError::Workflow("a workflow cancel on a job with no tally".into()))?;
+            t.cancel_requested = true;
+            j.result = Some(t.to_value());
+        }
         EventBody::CancelRequested { .. } | EventBody::CancelRefused { .. } | EventBody::Observed { .. } => {}
         EventBody::Cancelled { .. } | EventBody::Purged {} => {}
         EventBody::CancelConfirmed { digest } => {
@@ -258,6 +267,11 @@ fn tally(j: &mut Job, ev: &Event, from: StepStatus, to: StepStatus) -> Result<()
     }
     let t = Tally::from_value(j.result.as_ref())
         .and_then(|t| t.moved(from, to))
+        .map(|mut t| {
+            // A reopened step is new work: a later cancel is a new request.
+            t.cancel_requested &= to != StepStatus::Open;
+            t
+        })
         .ok_or_else(|| ApplyError::Workflow(format!("no step counted as {from} is left to end as {to}")))?;
     if ev.to_state != parent_state(t) {
         return Err(ApplyError::Workflow(format!(
@@ -298,7 +312,10 @@ fn first(ev: &Event) -> Result<Job, ApplyError> {
         });
     }
     let result = match workflow {
-        Some(WorkflowTie::Parent { steps }) => Some(Tally::new(steps.len() as i64).to_value()),
+        Some(t @ WorkflowTie::Parent { .. }) => match t.membership() {
+            Membership::Parent { steps, .. } => Some(Tally::new(steps).to_value()),
+            Membership::Step(_) => unreachable!("a parent tie is a parent"),
+        },
         _ => None,
     };
     if ev.version != 1 {

@@ -103,6 +103,11 @@ pub enum Command {
         operator: String,
         note: String,
     },
+    /// On a parent: records that its open steps are being cancelled (the
+    /// ledger then cancels each one, with the usual cancel semantics).
+    CancelWorkflow {
+        note: Option<String>,
+    },
 }
 
 impl Command {
@@ -128,6 +133,7 @@ impl Command {
             Command::StepReopened { .. } => "step_reopened",
             Command::Resolve { .. } => "resolve",
             Command::ReleaseHold { .. } => "release_hold",
+            Command::CancelWorkflow { .. } => "cancel_workflow",
         }
     }
 

@@ -296,6 +296,7 @@ pub fn decide(job: &Job, cmd: &Command, ctx: &Ctx) -> Result<Event, Rejection> {
         } => super::steps::reopened(job, step, *job_id, *previous, *version)?,
         Command::Resolve { prerequisites } => super::steps::resolve(job, prerequisites)?,
         Command::ReleaseHold { operator, note } => super::steps::release_hold(job, operator, note)?,
+        Command::CancelWorkflow { note } => super::steps::cancel_workflow(job, note)?,
     };
     Ok(seal(job, d, ctx))
 }

@@ -104,3 +104,21 @@ pub(super) fn release_hold(job: &Job, operator: &str, note: &str) -> Result<Draf
     };
     Ok(draft(job, body, JobState::Queued, Reason::HoldReleased))
 }
+
+pub(super) fn cancel_workflow(job: &Job, note: &Option<String>) -> Result<Draft, Rejection> {
+    if !matches!(job.workflow, Some(Membership::Parent { .. })) {
+        return Err(Rejection::invalid("not a workflow"));
+    }
+    match job.state {
+        JobState::Running | JobState::Failing if tally_of(job)?.cancel_requested => {
+            Err(Rejection::already_committed("the workflow's cancel was already requested"))
+        }
+        JobState::Running | JobState::Failing => Ok(draft(
+            job,
+            EventBody::CancelRequested { note: note.clone() },
+            job.state,
+            Reason::CancelRequested,
+        )),
+        s => Err(Rejection::invalid(format!("the workflow already ended as {s}"))),
+    }
+}

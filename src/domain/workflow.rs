@@ -69,6 +69,23 @@ pub struct WorkflowSpec {
     #[serde(default)]
     pub payload: Value,
     pub steps: Vec<StepSpec>,
+    /// The fan-in: one more step that runs exactly once, when every other
+    /// step has ended (however), with their summary as its payload.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finally: Option<FinallySpec>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FinallySpec {
+    pub name: String,
+    #[serde(default)]
+    pub queue: Option<String>,
+    pub kind: String,
+    #[serde(default)]
+    pub priority: i16,
+    #[serde(default)]
+    pub policy: Option<Policy>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -120,10 +137,20 @@ pub fn check(spec: &WorkflowSpec) -> Result<Vec<usize>, WorkflowError> {
     if n == 0 {
         return Err(WorkflowError::Empty);
     }
-    if n > MAX_STEPS {
-        return Err(WorkflowError::TooLarge { max: MAX_STEPS, got: n });
+    let total = n + usize::from(spec.finally.is_some());
+    if total > MAX_STEPS {
+        return Err(WorkflowError::TooLarge {
+            max: MAX_STEPS,
+            got: total,
+        });
     }
     let mut index = HashMap::with_capacity(n);
+    if let Some(f) = &spec.finally {
+        if f.name.is_empty() {
+            return Err(WorkflowError::EmptyName);
+        }
+        index.insert(f.name.as_str(), usize::MAX);
+    }
     for (i, s) in spec.steps.iter().enumerate() {
         if s.name.is_empty() {
             return Err(WorkflowError::EmptyName);
@@ -137,7 +164,7 @@ pub fn check(spec: &WorkflowSpec) -> Result<Vec<usize>, WorkflowError> {
     for (i, s) in spec.steps.iter().enumerate() {
         let mut seen = HashSet::new();
         for a in &s.after {
-            let Some(&j) = index.get(a.as_str()) else {
+            let Some(&j) = index.get(a.as_str()).filter(|&&j| j != usize::MAX) else {
                 return Err(WorkflowError::Unknown {
                     step: s.name.clone(),
                     missing: a.clone(),
@@ -228,9 +255,28 @@ pub struct StepLink {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "role", rename_all = "snake_case")]
 pub enum WorkflowTie {
-    /// The parent lists every step once, so its own stream tells the story.
-    Parent { steps: Vec<StepRef> },
+    /// The parent lists every step once, so its own stream tells the story
+    /// (the fan-in among them: it is counted from the start, and its job is
+    /// created under this id when every other step has ended).
+    Parent {
+        steps: Vec<StepRef>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        fan_in: Option<FanIn>,
+    },
     Step(StepLink),
+}
+
+/// The fan-in step as the parent's first event fixes it: its id and what
+/// its job will be.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FanIn {
+    pub step: String,
+    pub job_id: Uuid,
+    pub queue: String,
+    pub kind: String,
+    pub priority: i16,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy: Option<Policy>,
 }
 
 /// What a job row keeps of its tie: a parent only its size (its first
@@ -238,15 +284,20 @@ pub enum WorkflowTie {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "role", rename_all = "snake_case")]
 pub enum Membership {
-    Parent { steps: i64 },
+    Parent {
+        steps: i64,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        fan_in: Option<FanIn>,
+    },
     Step(StepLink),
 }
 
 impl WorkflowTie {
     pub fn membership(&self) -> Membership {
         match self {
-            WorkflowTie::Parent { steps } => Membership::Parent {
-                steps: steps.len() as i64,
+            WorkflowTie::Parent { steps, fan_in } => Membership::Parent {
+                steps: (steps.len() + usize::from(fan_in.is_some())) as i64,
+                fan_in: fan_in.clone(),
             },
             WorkflowTie::Step(l) => Membership::Step(l.clone()),
         }
@@ -260,6 +311,10 @@ pub struct Tally {
     pub succeeded: i64,
     pub cancelled: i64,
     pub dead: i64,
+    /// `workflow cancel` was asked for (and no step reopened since): a
+    /// second request is the same request.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub cancel_requested: bool,
 }
 
 impl Tally {

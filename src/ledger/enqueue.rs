@@ -84,10 +84,24 @@ impl Ledger {
         conn: &mut PgConnection,
         items: Vec<(NewJob, Option<(Uuid, WorkflowTie)>)>,
     ) -> LedgerResult<Vec<Enqueued>> {
-        let (news, ties): (Vec<NewJob>, Vec<Option<(Uuid, WorkflowTie)>>) = items.into_iter().unzip();
-        for n in &news {
+        for (n, _) in &items {
             self.check_new(n)?;
         }
+        insert_drafts(conn, items, self.hooks.after_epochs.as_ref()).await
+    }
+}
+
+type AfterEpochs = std::sync::Arc<dyn Fn() -> crate::worker::BoxFuture<()> + Send + Sync>;
+
+/// Decides and inserts new jobs (already checked against the limits): the
+/// enqueue proper, also used for a workflow's fan-in, which the ledger
+/// creates itself in the transaction of the last step's end.
+pub(crate) async fn insert_drafts(
+    conn: &mut PgConnection,
+    items: Vec<(NewJob, Option<(Uuid, WorkflowTie)>)>,
+    after_epochs: Option<&AfterEpochs>,
+) -> LedgerResult<Vec<Enqueued>> {
+        let (news, ties): (Vec<NewJob>, Vec<Option<(Uuid, WorkflowTie)>>) = items.into_iter().unzip();
         if news.is_empty() {
             return Ok(vec![]);
         }
@@ -99,7 +113,7 @@ impl Ledger {
         let (queues, kinds): (Vec<String>, Vec<String>) = wanted.into_iter().unzip();
         let (epochs, now, registered) =
             jobs::enqueue_context(conn, news.len() as i64, &queues, &kinds).await?;
-        if let Some(h) = &self.hooks.after_epochs {
+        if let Some(h) = after_epochs {
             h().await;
         }
         let registered: HashMap<(String, String), Policy> = registered
@@ -148,14 +162,14 @@ impl Ledger {
                 });
                 continue;
             }
-            out.push(self.existing_for(conn, &job).await?);
+            out.push(existing_for(conn, &job).await?);
         }
         Ok(out)
-    }
+}
 
     /// The job already holding this key: the same request gets it back; a
     /// different payload under the same key is an error, never a second job.
-    async fn existing_for(&self, conn: &mut PgConnection, job: &Job) -> LedgerResult<Enqueued> {
+    async fn existing_for(conn: &mut PgConnection, job: &Job) -> LedgerResult<Enqueued> {
         let key = job.job_key.as_deref().expect("only keyed jobs conflict");
         let row = jobs::find_job_by_key(&mut *conn, &job.queue, key)
             .await?
@@ -174,6 +188,8 @@ impl Ledger {
             position: None,
         })
     }
+
+impl Ledger {
 
     /// Registers the policy new jobs of (queue, kind) get when they bring none.
     pub async fn register_policy(&self, queue: &str, kind: &str, policy: &Policy) -> LedgerResult<()> {

@@ -18,8 +18,10 @@ use super::engine::{self, WriteResult};
 use super::enqueue::Enqueued;
 use super::error::{LedgerError, LedgerResult};
 use super::Ledger;
-use crate::domain::workflow::{self, Membership, StepLink, StepRef, StepStatus, WorkflowSpec, WorkflowTie};
-use crate::domain::{decide, digest, Command, Job, JobState, NewJob, Policy};
+use crate::domain::workflow::{
+    self, DependencyPolicy, FanIn, Membership, StepLink, StepRef, StepStatus, Tally, WorkflowSpec, WorkflowTie,
+};
+use crate::domain::{decide, digest, Command, Job, JobState, NewJob, Outcome, Policy};
 use crate::store::{jobs, workflows, StoreError};
 
 /// A created (or, for the same spec under the same key, found) workflow.
@@ -70,6 +72,13 @@ impl Ledger {
     /// caller must roll back (the parent may already be written).
     pub async fn workflow_in(&self, conn: &mut PgConnection, spec: &WorkflowSpec) -> LedgerResult<Created> {
         let order = workflow::check(spec).map_err(|e| LedgerError::BadInput(e.to_string()))?;
+        for s in &spec.steps {
+            self.limits.name("step name", &s.name)?;
+        }
+        if let Some(f) = &spec.finally {
+            self.limits.name("step name", &f.name)?;
+            self.limits.name("kind", &f.kind)?;
+        }
         let parent_id = Uuid::now_v7();
         let ids: Vec<Uuid> = spec.steps.iter().map(|_| Uuid::now_v7()).collect();
         let parent_tie = WorkflowTie::Parent {
@@ -82,6 +91,14 @@ impl Ledger {
                     job_id: *id,
                 })
                 .collect(),
+            fan_in: spec.finally.as_ref().map(|f| FanIn {
+                step: f.name.clone(),
+                job_id: Uuid::now_v7(),
+                queue: f.queue.clone().unwrap_or_else(|| spec.queue.clone()),
+                kind: f.kind.clone(),
+                priority: f.priority,
+                policy: f.policy.clone(),
+            }),
         };
         let parent = self
             .enqueue_tied_in(conn, vec![(parent_job(spec), parent_id, parent_tie)])
@@ -175,6 +192,39 @@ impl Ledger {
             parent: parent_job,
             steps: views,
         })
+    }
+
+    /// Cancels every open step of a workflow, each with the usual cancel
+    /// semantics (before start: cancelled; running: cancel requested, then
+    /// confirmed by its worker; awaiting a receipt: refused, recorded as
+    /// `cancel_after_submit`), after recording the request on the parent.
+    /// Waiting steps go first, so none is released meanwhile. Each step is
+    /// its own transaction; a run cut short is finished by running it again.
+    pub async fn cancel_workflow(&self, parent: Uuid, note: Option<&str>) -> LedgerResult<Vec<WriteResult>> {
+        if let Some(n) = note {
+            self.limits.text("reason", n)?;
+        }
+        let cmd = Command::CancelWorkflow {
+            note: note.map(Into::into),
+        };
+        let first = engine::run_transition(&self.pool, parent, "api", cmd).await?;
+        if !matches!(first.outcome, Outcome::Committed | Outcome::AlreadyCommitted) {
+            return Ok(vec![first]);
+        }
+        let mut open: Vec<Job> = workflows::steps_of(&self.pool, parent)
+            .await?
+            .into_iter()
+            .map(Job::try_from)
+            .collect::<Result<Vec<_>, _>>()?
+            .into_iter()
+            .filter(|j| !j.state.is_terminal())
+            .collect();
+        open.sort_by_key(|j| j.state != JobState::Waiting);
+        let mut out = vec![first];
+        for j in open {
+            out.push(self.cancel(j.job_id, note).await?);
+        }
+        Ok(out)
     }
 
     /// Lets a step held by its `hold` policy run after all.
@@ -341,6 +391,9 @@ pub(crate) async fn follow(conn: &mut PgConnection, first: &[WriteResult]) -> Le
                 ))
                 .into());
             }
+            if let Some(parent) = &w.job {
+                fan_in_if_due(conn, parent).await?;
+            }
         }
         let mut dependents: Vec<Uuid> = round.into_iter().flat_map(|n| n.then).collect();
         dependents.sort();
@@ -397,4 +450,46 @@ async fn resolve(conn: &mut PgConnection, ids: &[Uuid]) -> LedgerResult<Vec<Writ
         .into_iter()
         .filter(WriteResult::committed)
         .collect())
+}
+
+/// Creates the fan-in step when every other step of `parent` has ended: in
+/// this same transaction, under the parent's lock, once (a step replayed
+/// after the fan-in was created does not create it again).
+async fn fan_in_if_due(conn: &mut PgConnection, parent: &Job) -> LedgerResult<()> {
+    let Some(Membership::Parent { fan_in: Some(f), .. }) = &parent.workflow else {
+        return Ok(());
+    };
+    let open = Tally::from_value(parent.result.as_ref()).map_or(0, |t| t.open);
+    if open != 1 || !workflows::states_of(&mut *conn, &[f.job_id]).await?.is_empty() {
+        return Ok(());
+    }
+    let mut summary = serde_json::Map::new();
+    for row in workflows::steps_of(&mut *conn, parent.job_id).await? {
+        let job = Job::try_from(row)?;
+        if let Some(Membership::Step(l)) = &job.workflow {
+            summary.insert(
+                l.step.clone(),
+                serde_json::json!({ "job_id": job.job_id, "state": job.state, "reason": job.reason }),
+            );
+        }
+    }
+    let new = NewJob {
+        queue: f.queue.clone(),
+        kind: f.kind.clone(),
+        job_key: None,
+        payload: serde_json::json!({ "workflow": parent.job_id, "steps": summary }),
+        priority: f.priority,
+        run_at: None,
+        delay_ms: None,
+        policy: f.policy.clone(),
+    };
+    let tie = WorkflowTie::Step(StepLink {
+        parent: parent.job_id,
+        step: f.step.clone(),
+        after: vec![],
+        then: vec![],
+        on_dependency_failure: DependencyPolicy::Run,
+    });
+    super::enqueue::insert_drafts(conn, vec![(new, Some((f.job_id, tie)))], None).await?;
+    Ok(())
 }
