@@ -452,3 +452,45 @@ async fn cancelling_a_workflow_cancels_each_open_step() {
     );
     db.assert_verified().await;
 }
+
+/// The CLI: a spec from standard input, `show` of a waiting step, the
+/// tree, and bad specs as exit 2 with a one-line reason and nothing written.
+#[tokio::test]
+async fn the_cli_creates_shows_and_refuses() {
+    use common::cli::{jl, jl_stdin};
+    let db = fresh().await;
+    let spec = r#"{"queue":"q","name":"publish_note","key":"n1","steps":[
+        {"name":"render","kind":"render","payload":{"note":1}},
+        {"name":"review","kind":"review","after":["render"]},
+        {"name":"publish","kind":"publish","after":["review"],"on_dependency_failure":"hold"}]}"#;
+    let created = jl_stdin(&db.url, &["workflow", "create", "@-"], Some(spec));
+    assert_eq!(created.code, 0, "{}", created.stderr);
+    let c = created.json();
+    assert_eq!(c["state"], "running");
+    let review = c["steps"].as_array().unwrap().iter().find(|s| s["step"] == "review").unwrap()["job_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let shown = jl(&db.url, &["show", &review]).json();
+    assert_eq!(shown["state"], "waiting");
+    assert_eq!(shown["waiting_for"], json!(["render"]));
+    assert_eq!(shown["workflow"]["step"], "review");
+    let tree = jl(&db.url, &["workflow", "show", c["workflow_id"].as_str().unwrap()]);
+    assert_eq!(tree.code, 0, "{}", tree.stderr);
+    let lines = tree.lines();
+    assert_eq!(lines[0]["tally"]["open"], 3);
+    assert_eq!(lines.len(), 4, "the parent and three steps");
+
+    for (bad, says) in [
+        (r#"{"queue":"q","name":"w","steps":[{"name":"a","kind":"k","after":["a"]}]}"#, "waits for itself"),
+        (r#"{"queue":"q","name":"w","steps":[{"name":"a","kind":"k","aftr":[]}]}"#, "unknown field"),
+        (r#"{"queue":"q","name":"w","steps":[{"name":"a","kind":"k","on_dependency_failure":"maybe"}]}"#, "unknown variant"),
+        ("[1,2", "spec"),
+    ] {
+        let r = jl_stdin(&db.url, &["workflow", "create", "@-"], Some(bad));
+        assert_eq!(r.code, 2, "{bad}: {}", r.stderr);
+        assert!(r.stderr.contains(says), "{bad}: {}", r.stderr);
+        assert_eq!(r.stderr.trim().lines().count(), 1, "one line: {}", r.stderr);
+    }
+    assert_eq!(db.count("SELECT count(*) FROM jobledger.jobs").await, 4);
+}

@@ -23,6 +23,28 @@ pub struct Cli {
     pub command: Cmd,
 }
 
+#[derive(Subcommand, Debug)]
+pub enum WorkflowCmd {
+    /// Creates a workflow from its spec: inline JSON, @FILE or @- (stdin).
+    Create { spec: String },
+    /// The parent and each step's state, with what a waiting step waits for.
+    Show { parent: Uuid },
+    /// Cancels every open step (waiting ones first) and records it on the parent.
+    Cancel {
+        parent: Uuid,
+        #[arg(long)]
+        reason: Option<String>,
+    },
+    /// Lets a step held by its `hold` policy run after all.
+    ReleaseHold {
+        job: Uuid,
+        #[arg(long)]
+        operator: String,
+        #[arg(long)]
+        reason: String,
+    },
+}
+
 #[derive(Args, Debug, Clone)]
 pub struct FenceArgs {
     /// Job id.
@@ -223,6 +245,12 @@ pub enum Cmd {
         job: Uuid,
         #[arg(long)]
         json: bool,
+    },
+    /// Workflows: `create @spec.json` (a JSON DAG of steps), `show PARENT`,
+    /// `cancel PARENT`, `release-hold STEP` (docs/state-machine.md).
+    Workflow {
+        #[command(subcommand)]
+        action: WorkflowCmd,
     },
     /// Async read models: `list`/`status` them, `run` them until caught up,
     /// `rebuild NAME` from position 0 (progress bar with ETA), or `query NAME`.

@@ -9,3 +9,4 @@ pub mod private_pg;
 pub mod projections;
 pub mod run;
 pub mod timeline;
+pub mod workflow;

@@ -5,7 +5,7 @@ use serde_json::json;
 use std::time::Duration;
 
 use super::args::{Cli, Cmd, FenceArgs};
-use super::output::{self, job_json, line, outcome_code, write_json, BadInput};
+use super::output::{self, line, outcome_code, write_json, BadInput};
 use super::parse::json_arg;
 use jobledger::domain::{digest::fmt_time, Fence, NewJob};
 use jobledger::ledger::{Found, Lease, Ledger, Limits, WriteResult};
@@ -232,9 +232,10 @@ pub async fn run(cli: Cli) -> Result<i32> {
             line(&json!({ "purged": n }));
             Ok(output::OK)
         }
+        Cmd::Workflow { action } => super::workflow::run(&ledger, action, cli.max_payload_bytes).await,
         Cmd::Show { job } => {
             match ledger.show(*job).await? {
-                Found::Live(j) => line(&job_json(&j)),
+                Found::Live(j) => line(&super::workflow::shown(&ledger, &j).await?),
                 Found::Purged(t) => line(&json!({
                     "job_id": t.job_id, "state": t.state, "purged": true, "purged_at": fmt_time(t.purged_at),
                     "queue": t.queue, "key": t.job_key, "epoch": t.epoch, "token": t.token, "version": t.version,

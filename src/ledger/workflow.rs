@@ -227,6 +227,22 @@ impl Ledger {
         Ok(out)
     }
 
+    /// For a waiting step: the prerequisites that have not succeeded (what
+    /// `show` says it waits for). Empty for anything else.
+    pub async fn waiting_for(&self, job: &Job) -> LedgerResult<Vec<String>> {
+        let Some(Membership::Step(l)) = &job.workflow else { return Ok(vec![]) };
+        if job.state != JobState::Waiting {
+            return Ok(vec![]);
+        }
+        let ids: Vec<Uuid> = l.after.iter().map(|r| r.job_id).collect();
+        let states: HashMap<Uuid, String> = workflows::states_of(&self.pool, &ids).await?.into_iter().collect();
+        Ok(l.after
+            .iter()
+            .filter(|r| states.get(&r.job_id).map(String::as_str) != Some("succeeded"))
+            .map(|r| r.step.clone())
+            .collect())
+    }
+
     /// Lets a step held by its `hold` policy run after all.
     pub async fn release_hold(&self, job_id: Uuid, operator: &str, note: &str) -> LedgerResult<WriteResult> {
         self.limits.name("operator", operator)?;

@@ -1,0 +1,77 @@
+//! `jobledger workflow create|show|cancel|release-hold`: parse, call the
+//! ledger, render.
+
+use anyhow::Result;
+use serde_json::{json, Value};
+
+use super::args::WorkflowCmd;
+use super::output::{self, job_json, line, outcome_code, write_json, BadInput};
+use super::parse::json_arg;
+use jobledger::domain::workflow::{Membership, WorkflowSpec};
+use jobledger::domain::Job;
+use jobledger::ledger::Ledger;
+
+pub async fn run(ledger: &Ledger, action: &WorkflowCmd, max_bytes: usize) -> Result<i32> {
+    match action {
+        WorkflowCmd::Create { spec } => {
+            let v = json_arg("spec", spec, max_bytes).map_err(BadInput)?;
+            let spec: WorkflowSpec =
+                serde_json::from_value(v).map_err(|e| BadInput(format!("workflow spec: {e}")))?;
+            let c = ledger.workflow(&spec).await?;
+            let steps: Vec<Value> = c
+                .steps
+                .iter()
+                .map(|(name, e)| json!({ "step": name, "job_id": e.job.job_id, "state": e.job.state }))
+                .collect();
+            line(&json!({
+                "workflow_id": c.parent.job.job_id, "state": c.parent.job.state, "created": c.parent.created,
+                "position": c.parent.position, "steps": steps,
+            }));
+            Ok(output::OK)
+        }
+        WorkflowCmd::Show { parent } => {
+            let v = ledger.workflow_view(*parent).await?;
+            line(&json!({
+                "workflow_id": v.parent.job_id, "name": v.parent.kind, "state": v.parent.state,
+                "reason": v.parent.reason, "tally": v.parent.result,
+            }));
+            for s in &v.steps {
+                line(&serde_json::to_value(s)?);
+            }
+            Ok(output::OK)
+        }
+        WorkflowCmd::Cancel { parent, reason } => {
+            let out = ledger.cancel_workflow(*parent, reason.as_deref()).await?;
+            for r in &out {
+                line(&write_json(r));
+            }
+            Ok(out.first().map_or(output::OK, |r| outcome_code(r.outcome)))
+        }
+        WorkflowCmd::ReleaseHold { job, operator, reason } => {
+            let r = ledger.release_hold(*job, operator, reason).await?;
+            line(&write_json(&r));
+            Ok(outcome_code(r.outcome))
+        }
+    }
+}
+
+/// `show JOB`: the job, and for a workflow's parent or step its place in it
+/// (a waiting step says what it waits for).
+pub async fn shown(ledger: &Ledger, j: &Job) -> Result<Value> {
+    let mut v = job_json(j);
+    let o = v.as_object_mut().expect("object");
+    match &j.workflow {
+        Some(Membership::Parent { steps, .. }) => {
+            o.insert("workflow".into(), json!({ "role": "parent", "steps": steps }));
+        }
+        Some(Membership::Step(l)) => {
+            o.insert("workflow".into(), json!({ "role": "step", "parent": l.parent, "step": l.step }));
+            let waiting = ledger.waiting_for(j).await?;
+            if !waiting.is_empty() {
+                o.insert("waiting_for".into(), json!(waiting));
+            }
+        }
+        None => {}
+    }
+    Ok(v)
+}
