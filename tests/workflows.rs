@@ -493,4 +493,22 @@ async fn the_cli_creates_shows_and_refuses() {
         assert_eq!(r.stderr.trim().lines().count(), 1, "one line: {}", r.stderr);
     }
     assert_eq!(db.count("SELECT count(*) FROM jobledger.jobs").await, 4);
+
+    // history PARENT: the parent's edges and its steps', in time.
+    finish_next(&db, "render", true).await;
+    let parent = c["workflow_id"].as_str().unwrap();
+    let h = jl(&db.url, &["history", parent]);
+    assert_eq!(h.code, 0, "{}", h.stderr);
+    let at = |needle: &str| {
+        h.stdout
+            .lines()
+            .position(|l| l.contains(needle))
+            .unwrap_or_else(|| panic!("no {needle:?} in\n{}", h.stdout))
+    };
+    assert!(at("[render]") < at("step_finished"), "{}", h.stdout);
+    assert!(at("succeeded") < at("step_finished"));
+    assert!(at("step_finished") < at("dependencies_resolved"), "{}", h.stdout);
+    assert!(h.stdout.lines().find(|l| l.contains("dependencies_resolved")).unwrap().starts_with("[review]"));
+    let json_lines = jl(&db.url, &["history", parent, "--json"]).lines();
+    assert!(json_lines.iter().any(|l| l["step"] == "render" && l["type"] == "succeeded"));
 }

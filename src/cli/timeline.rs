@@ -10,26 +10,38 @@ use jobledger::ledger::{HistoryEntry, Ledger};
 use jobledger::store::rejections::RejectionRow;
 
 enum Item {
-    Event(HistoryEntry),
-    Refused(RejectionRow),
+    /// An event, and the workflow step it belongs to (for `history PARENT`).
+    Event(HistoryEntry, Option<String>),
+    Refused(RejectionRow, Option<String>),
 }
 
 impl Item {
-    fn at(&self) -> chrono::DateTime<chrono::Utc> {
+    fn at(&self) -> (chrono::DateTime<chrono::Utc>, i64) {
         match self {
-            Item::Event(h) => h.event.recorded_at,
-            Item::Refused(r) => r.recorded_at,
+            Item::Event(h, _) => (h.event.recorded_at, h.position),
+            Item::Refused(r, _) => (r.recorded_at, i64::MAX),
         }
     }
 }
 
 async fn items(ledger: &Ledger, job: Uuid) -> Result<Vec<Item>> {
-    let mut items: Vec<Item> = ledger.history(job).await?.into_iter().map(Item::Event).collect();
-    items.extend(ledger.rejections(job).await?.into_iter().map(Item::Refused));
-    // Stable: events keep their version order; a refusal sorts after the
+    let history = ledger.history(job).await?;
+    let members = ledger.workflow_members(&history[0].event).await?;
+    let mut items: Vec<Item> = history.into_iter().map(|h| Item::Event(h, None)).collect();
+    items.extend(ledger.rejections(job).await?.into_iter().map(|r| Item::Refused(r, None)));
+    // A workflow's history is its own edges and its steps', in time.
+    for (m, events, refused) in members {
+        items.extend(events.into_iter().map(|h| Item::Event(h, Some(m.step.clone()))));
+        items.extend(refused.into_iter().map(|r| Item::Refused(r, Some(m.step.clone()))));
+    }
+    // Stable: events keep their log order; a refusal sorts after the
     // events that were already there when it was refused.
     items.sort_by_key(Item::at);
     Ok(items)
+}
+
+fn label(step: &Option<String>) -> String {
+    step.as_ref().map(|s| format!("[{s}] ")).unwrap_or_default()
 }
 
 pub fn event_line(h: &HistoryEntry) -> String {
@@ -70,8 +82,8 @@ pub async fn lines(ledger: &Ledger, job: Uuid) -> Result<Vec<String>> {
         .await?
         .iter()
         .map(|i| match i {
-            Item::Event(h) => event_line(h),
-            Item::Refused(r) => refused_line(r),
+            Item::Event(h, step) => format!("{}{}", label(step), event_line(h)),
+            Item::Refused(r, step) => format!("{}{}", label(step), refused_line(r)),
         })
         .collect())
 }
@@ -83,8 +95,14 @@ pub async fn json_lines(ledger: &Ledger, job: Uuid) -> Result<Vec<Value>> {
         .iter()
         .map(|i| {
             Ok(match i {
-                Item::Event(h) => serde_json::to_value(h)?,
-                Item::Refused(r) => json!({ "refused": r }),
+                Item::Event(h, None) => serde_json::to_value(h)?,
+                Item::Event(h, Some(step)) => {
+                    let mut v = serde_json::to_value(h)?;
+                    v["step"] = json!(step);
+                    v
+                }
+                Item::Refused(r, None) => json!({ "refused": r }),
+                Item::Refused(r, Some(step)) => json!({ "refused": r, "step": step }),
             })
         })
         .collect()

@@ -22,6 +22,7 @@ use crate::domain::workflow::{
     self, DependencyPolicy, FanIn, Membership, StepLink, StepRef, StepStatus, Tally, WorkflowSpec, WorkflowTie,
 };
 use crate::domain::{decide, digest, Command, Job, JobState, NewJob, Outcome, Policy};
+use crate::store::rejections::RejectionRow;
 use crate::store::{jobs, workflows, StoreError};
 
 /// A created (or, for the same spec under the same key, found) workflow.
@@ -240,6 +241,49 @@ impl Ledger {
             .iter()
             .filter(|r| states.get(&r.job_id).map(String::as_str) != Some("succeeded"))
             .map(|r| r.step.clone())
+            .collect())
+    }
+
+    /// For `history PARENT`: every step named in the parent's first event
+    /// (the fan-in too), with the steps' events and refused writes, so the
+    /// parent's edges and its steps' read interleaved in time. Empty for a
+    /// job that is no workflow.
+    pub async fn workflow_members(
+        &self,
+        first: &crate::domain::Event,
+    ) -> LedgerResult<Vec<(StepRef, Vec<super::HistoryEntry>, Vec<RejectionRow>)>> {
+        let crate::domain::EventBody::Enqueued {
+            workflow: Some(WorkflowTie::Parent { steps, fan_in }),
+            ..
+        } = &first.body
+        else {
+            return Ok(vec![]);
+        };
+        let mut members = steps.clone();
+        members.extend(fan_in.iter().map(|f| StepRef {
+            step: f.step.clone(),
+            job_id: f.job_id,
+        }));
+        let ids: Vec<Uuid> = members.iter().map(|m| m.job_id).collect();
+        let mut events: HashMap<Uuid, Vec<super::HistoryEntry>> = HashMap::new();
+        for r in crate::store::events::events_of(&self.pool, &ids).await? {
+            let entry = super::HistoryEntry {
+                position: r.position,
+                event: r.to_event()?,
+            };
+            events.entry(entry.event.job_id).or_default().push(entry);
+        }
+        let mut refused: HashMap<Uuid, Vec<RejectionRow>> = HashMap::new();
+        for r in crate::store::rejections::rejections_of(&self.pool, &ids).await? {
+            refused.entry(r.job_id).or_default().push(r);
+        }
+        Ok(members
+            .into_iter()
+            .map(|m| {
+                let e = events.remove(&m.job_id).unwrap_or_default();
+                let r = refused.remove(&m.job_id).unwrap_or_default();
+                (m, e, r)
+            })
             .collect())
     }
 

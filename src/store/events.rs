@@ -45,6 +45,12 @@ pub async fn job_events<'e>(exec: impl PgExecutor<'e>, job_id: Uuid) -> StoreRes
     Ok(sqlx::query_as(&sql).bind(job_id).fetch_all(exec).await?)
 }
 
+/// The events of several jobs (a workflow's steps), in log order.
+pub async fn events_of<'e>(exec: impl PgExecutor<'e>, ids: &[Uuid]) -> StoreResult<Vec<EventRow>> {
+    let sql = format!("SELECT position, {EVENT_COLUMNS} FROM jobledger.events WHERE job_id = ANY($1) ORDER BY position");
+    Ok(sqlx::query_as(&sql).bind(ids).fetch_all(exec).await?)
+}
+
 /// All events of the next `limit_jobs` jobs (by id) after `after`, in
 /// (job_id, version) order: verify's page.
 pub async fn events_of_jobs_after<'e>(

@@ -45,3 +45,14 @@ pub async fn job_rejections<'e>(exec: impl PgExecutor<'e>, job_id: Uuid) -> Stor
     .fetch_all(exec)
     .await?)
 }
+
+/// The refused writes of several jobs (a workflow's steps), oldest first.
+pub async fn rejections_of<'e>(exec: impl PgExecutor<'e>, ids: &[Uuid]) -> StoreResult<Vec<RejectionRow>> {
+    Ok(sqlx::query_as(
+        "SELECT job_id, command, outcome, epoch, token, actor, detail, recorded_at \
+         FROM jobledger.rejections WHERE job_id = ANY($1) ORDER BY id",
+    )
+    .bind(ids)
+    .fetch_all(exec)
+    .await?)
+}
