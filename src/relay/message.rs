@@ -5,7 +5,9 @@
 //! in order, and jobs of two queues sharing a `job_key` never share a
 //! consumer's fence (keys are unique per queue only). See `message_key`.
 //! Headers: `epoch`, `token`, `version`, `position`, `type`, `schema` (decimal
-//! text). Body: the whole event, hash included, plus queue and key.
+//! text), and for a workflow step `workflow` (the parent's id) and `step`.
+//! Body: the whole event, hash included, plus queue and key (and the step's
+//! `workflow` and `step`), so a consumer can rebuild workflow trees.
 
 use serde_json::Value;
 
@@ -45,9 +47,14 @@ struct Body<'a> {
     data: &'a Value,
     prev_hash: Option<&'a str>,
     hash: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    workflow: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    step: Option<&'a str>,
 }
 
-pub fn message(e: &LogEvent, queue: &str, job_key: Option<&str>) -> Message {
+/// `step`: the parent's id and the step's name, for a workflow step.
+pub fn message(e: &LogEvent, queue: &str, job_key: Option<&str>, step: Option<(&str, &str)>) -> Message {
     let r = &e.row;
     let body = Body {
         schema: SCHEMA,
@@ -70,17 +77,24 @@ pub fn message(e: &LogEvent, queue: &str, job_key: Option<&str>) -> Message {
         data: &r.data,
         prev_hash: r.prev_hash.as_deref(),
         hash: &r.hash,
+        workflow: step.map(|s| s.0),
+        step: step.map(|s| s.1),
     };
+    let mut headers = vec![
+        ("epoch", r.epoch.to_string()),
+        ("token", r.token.to_string()),
+        ("version", r.version.to_string()),
+        ("position", e.position.to_string()),
+        ("type", r.kind.clone()),
+        ("schema", SCHEMA.to_string()),
+    ];
+    if let Some((parent, name)) = step {
+        headers.push(("workflow", parent.to_string()));
+        headers.push(("step", name.to_string()));
+    }
     Message {
         key: message_key(queue, job_key, &r.job_id),
-        headers: vec![
-            ("epoch", r.epoch.to_string()),
-            ("token", r.token.to_string()),
-            ("version", r.version.to_string()),
-            ("position", e.position.to_string()),
-            ("type", r.kind.clone()),
-            ("schema", SCHEMA.to_string()),
-        ],
+        headers,
         body: serde_json::to_vec(&body).expect("json"),
     }
 }

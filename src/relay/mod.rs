@@ -236,16 +236,17 @@ impl Relay {
         let mut ids: Vec<Uuid> = events.iter().map(|e| e.row.job_id).collect();
         ids.sort();
         ids.dedup();
-        let keys: HashMap<Uuid, (String, Option<String>)> = jobs::job_keys(self.ledger.pool(), &ids)
+        let keys: HashMap<Uuid, jobs::JobKeys> = jobs::job_keys(self.ledger.pool(), &ids)
             .await
             .map_err(LedgerError::from)?
             .into_iter()
-            .map(|(id, q, k)| (id, (q, k)))
+            .map(|k| (k.job_id, k))
             .collect();
         let mut pending = Vec::with_capacity(events.len());
         for e in events {
-            let (queue, key) = keys.get(&e.row.job_id).cloned().unwrap_or_default();
-            let m = message::message(e, &queue, key.as_deref());
+            let k = keys.get(&e.row.job_id).cloned().unwrap_or_default();
+            let tie = k.parent.as_deref().zip(k.step.as_deref());
+            let m = message::message(e, &k.queue, k.job_key.as_deref(), tie);
             let mut headers = OwnedHeaders::new_with_capacity(m.headers.len());
             for (k, v) in &m.headers {
                 headers = headers.insert(Header {

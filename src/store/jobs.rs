@@ -241,14 +241,30 @@ pub async fn oldest_open_age<'e>(exec: impl PgExecutor<'e>) -> StoreResult<Vec<(
 pub async fn job_keys<'e>(
     exec: impl PgExecutor<'e>,
     ids: &[Uuid],
-) -> StoreResult<Vec<(Uuid, String, Option<String>)>> {
+) -> StoreResult<Vec<JobKeys>> {
+    // A purged step's tie is read from its first event (tombstones keep none).
     Ok(sqlx::query_as(
-        "SELECT job_id, queue, job_key FROM jobledger.jobs WHERE job_id = ANY($1) \
-         UNION ALL SELECT job_id, queue, job_key FROM jobledger.tombstones WHERE job_id = ANY($1)",
+        "SELECT job_id, queue, job_key, workflow ->> 'parent' AS parent, workflow ->> 'step' AS step \
+         FROM jobledger.jobs WHERE job_id = ANY($1) \
+         UNION ALL SELECT t.job_id, t.queue, t.job_key, e.data -> 'workflow' ->> 'parent', \
+                          e.data -> 'workflow' ->> 'step' \
+         FROM jobledger.tombstones t JOIN jobledger.events e ON e.job_id = t.job_id AND e.version = 1 \
+         WHERE t.job_id = ANY($1)",
     )
     .bind(ids)
     .fetch_all(exec)
     .await?)
+}
+
+/// What the relay puts on a job's messages besides the event: its queue and
+/// key (the message key) and, for a workflow step, its parent and name.
+#[derive(Debug, Clone, Default, sqlx::FromRow)]
+pub struct JobKeys {
+    pub job_id: Uuid,
+    pub queue: String,
+    pub job_key: Option<String>,
+    pub parent: Option<String>,
+    pub step: Option<String>,
 }
 
 /// `(job_id, state, version)` of a queue's jobs, in id order.

@@ -1,0 +1,101 @@
+//! Issue 11, downstream: a workflow's parent and step events go through the
+//! same relay to the real broker (tansu); every step's messages carry their
+//! parent's id and their step name in the headers and the body, so a
+//! consumer can rebuild the tree.
+
+mod common;
+
+use common::kafka::{brokers, relay_cfg, topic};
+use common::{fresh, within};
+use jobledger::domain::workflow::{DependencyPolicy, StepSpec, WorkflowSpec};
+use jobledger::relay::Relay;
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{Consumer, StreamConsumer};
+use rdkafka::message::{Headers, Message};
+use serde_json::{json, Value};
+use std::collections::{HashMap, HashSet};
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+fn step(name: &str, after: &[&str]) -> StepSpec {
+    StepSpec {
+        name: name.into(),
+        queue: None,
+        kind: name.into(),
+        key: None,
+        payload: json!({}),
+        after: after.iter().map(|s| s.to_string()).collect(),
+        on_dependency_failure: DependencyPolicy::Cancel,
+        priority: 0,
+        policy: None,
+    }
+}
+
+#[tokio::test]
+async fn step_messages_carry_their_parent_and_step_name() {
+    let db = fresh().await;
+    let spec = WorkflowSpec {
+        queue: "q".into(),
+        name: "publish_note".into(),
+        key: Some("relayed".into()),
+        payload: json!(null),
+        steps: vec![step("render", &[]), step("review", &["render"])],
+        finally: None,
+    };
+    let created = db.ledger.workflow(&spec).await.unwrap();
+    let parent = created.parent.job.job_id;
+    let render = db.claim_one("w").await;
+    assert!(render.complete(None).await.unwrap().committed());
+    let events: HashSet<(String, i64)> = sqlx::query_as::<_, (Uuid, i64)>("SELECT job_id, version FROM jobledger.events")
+        .fetch_all(db.ledger.pool())
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|(j, v)| (j.to_string(), v))
+        .collect();
+
+    let topic = topic();
+    let relay = Relay::new(db.ledger.clone(), relay_cfg(&topic));
+    let stop = CancellationToken::new();
+    let s = stop.clone();
+    let running = tokio::spawn(async move { relay.run(s).await.unwrap() });
+    let c: StreamConsumer = ClientConfig::new()
+        .set("bootstrap.servers", brokers())
+        .set("group.id", format!("raw-{}", Uuid::new_v4().simple()))
+        .set("auto.offset.reset", "earliest")
+        .set("enable.auto.commit", "false")
+        .create()
+        .unwrap();
+    c.subscribe(&[&topic]).unwrap();
+    // (job, version) -> (headers, body)
+    let mut got: HashMap<(String, i64), (HashMap<String, String>, Value)> = HashMap::new();
+    while !events.iter().all(|k| got.contains_key(k)) {
+        let m = within("the relayed events", c.recv()).await.unwrap();
+        let headers: HashMap<String, String> = m
+            .headers()
+            .unwrap()
+            .iter()
+            .map(|h| (h.key.to_string(), String::from_utf8(h.value.unwrap().to_vec()).unwrap()))
+            .collect();
+        let body: Value = serde_json::from_slice(m.payload().unwrap()).unwrap();
+        let key = (body["job_id"].as_str().unwrap().to_string(), body["version"].as_i64().unwrap());
+        got.insert(key, (headers, body));
+    }
+    stop.cancel();
+    running.await.unwrap();
+
+    for (name, e) in &created.steps {
+        let id = e.job.job_id.to_string();
+        let mine: Vec<_> = got.iter().filter(|((j, _), _)| *j == id).collect();
+        assert!(!mine.is_empty(), "{name}'s events were relayed");
+        for (_, (h, b)) in mine {
+            assert_eq!(h.get("workflow"), Some(&parent.to_string()), "{name}: header");
+            assert_eq!(h.get("step"), Some(name), "{name}: header");
+            assert_eq!(b["workflow"], json!(parent.to_string()), "{name}: body");
+            assert_eq!(b["step"], json!(name), "{name}: body");
+        }
+    }
+    let parent_msgs: Vec<_> = got.iter().filter(|((j, _), _)| *j == parent.to_string()).collect();
+    assert!(parent_msgs.iter().any(|(_, (_, b))| b["type"] == "step_finished"));
+    assert!(parent_msgs.iter().all(|(_, (h, _))| !h.contains_key("step")), "the parent is no step");
+}
