@@ -512,3 +512,43 @@ async fn the_cli_creates_shows_and_refuses() {
     let json_lines = jl(&db.url, &["history", parent, "--json"]).lines();
     assert!(json_lines.iter().any(|l| l["step"] == "render" && l["type"] == "succeeded"));
 }
+
+/// Across streams: a parent that forgot to count a step, or counts an end
+/// its step's log does not have, is found by `verify` (each stream alone
+/// still replays).
+#[tokio::test]
+async fn verify_matches_each_parent_with_its_steps() {
+    let db = fresh().await;
+    let created = db.ledger.workflow(&seed("x", DependencyPolicy::Cancel)).await.unwrap();
+    let parent = created.parent.job.job_id;
+    finish_next(&db, "render", true).await;
+    db.assert_verified().await;
+    // The count names the step's v3 as dead; its log says succeeded.
+    db.around_the_log(
+        "UPDATE jobledger.events SET data = jsonb_set(data, '{status}', '\"dead\"') \
+         WHERE job_id = $1 AND type = 'step_finished'",
+        parent,
+    )
+    .await;
+    let report = db.ledger.verify(None).await.unwrap();
+    assert!(
+        report.problems.iter().any(|p| p.job_id == parent && p.detail.contains("its log says succeeded to succeeded")),
+        "{:?}",
+        report.problems
+    );
+    // A step's end that no parent event counts.
+    let render = id_of(&created, "render");
+    db.around_the_log(
+        "UPDATE jobledger.events SET data = jsonb_set(data, '{version}', '99') \
+         WHERE job_id = (SELECT (workflow ->> 'parent')::uuid FROM jobledger.jobs WHERE job_id = $1) \
+           AND type = 'step_finished'",
+        render,
+    )
+    .await;
+    let report = db.ledger.verify(Some(render)).await.unwrap();
+    assert!(
+        report.problems.iter().any(|p| p.job_id == render && p.detail.contains("is not counted by workflow")),
+        "{:?}",
+        report.problems
+    );
+}

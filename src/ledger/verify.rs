@@ -8,7 +8,7 @@ use uuid::Uuid;
 use super::error::LedgerResult;
 use super::Ledger;
 use crate::domain::{apply, event_hash, EventBody, Job};
-use crate::store::{events, jobs, schema, tombstones, EventRow, JobRow, TombstoneRow};
+use crate::store::{events, jobs, schema, tombstones, workflows, EventRow, JobRow, TombstoneRow};
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Problem {
@@ -52,6 +52,7 @@ impl Ledger {
                     .problems
                     .push(problem(id, None, None, "projection row has no events".into()));
             }
+            check_workflows(&mut tx, Some(id), &mut report).await?;
             return Ok(report);
         }
         let mut after = None;
@@ -75,8 +76,25 @@ impl Ledger {
                 .problems
                 .push(problem(id, None, None, "tombstone has no events".into()));
         }
+        check_workflows(&mut tx, None, &mut report).await?;
         Ok(report)
     }
+}
+
+/// Across streams: every count in a parent's stream is backed by its step's
+/// edge at that version, and every step's end is counted by its parent
+/// (each stream alone already replays through `apply`).
+async fn check_workflows(
+    conn: &mut sqlx::PgConnection,
+    job: Option<Uuid>,
+    report: &mut VerifyReport,
+) -> LedgerResult<()> {
+    let mut found = workflows::counts_without_step_edge(&mut *conn, job).await?;
+    found.extend(workflows::step_edges_not_counted(&mut *conn, job).await?);
+    for (id, version, position, detail) in found {
+        report.problems.push(problem(id, Some(version), Some(position), detail));
+    }
+    Ok(())
 }
 
 fn problem(job_id: Uuid, version: Option<i64>, position: Option<i64>, detail: String) -> Problem {
