@@ -71,7 +71,15 @@ async fn finish_next(db: &TestDb, kind: &str, ok: bool) {
 #[tokio::test]
 async fn the_seed_workflow_with_real_workers_ends_per_step() {
     let db = fresh().await;
-    let created = db.ledger.workflow(&seed("note-7", DependencyPolicy::Cancel)).await.unwrap();
+    let mut spec = seed("note-7", DependencyPolicy::Cancel);
+    spec.finally = Some(jobledger::domain::workflow::FinallySpec {
+        name: "report".into(),
+        queue: None,
+        kind: "report".into(),
+        priority: 0,
+        policy: None,
+    });
+    let created = db.ledger.workflow(&spec).await.unwrap();
     let parent = created.parent.job.job_id;
     assert_eq!(created.parent.job.state, JobState::Running);
     assert_eq!(db.state_of(id_of(&created, "review")).await, JobState::Waiting);
@@ -111,6 +119,16 @@ async fn the_seed_workflow_with_real_workers_ends_per_step() {
                 }
             }
         })
+        .handler("report", {
+            let ran = ran_tx.clone();
+            move |_ctx: JobContext| {
+                let ran = ran.clone();
+                async move {
+                    ran.send("report").unwrap();
+                    HandlerOutcome::success(json!({ "told": "editor" }))
+                }
+            }
+        })
         .build()
         .unwrap();
     let running = start(worker);
@@ -124,18 +142,30 @@ async fn the_seed_workflow_with_real_workers_ends_per_step() {
     while let Some(s) = ran.recv().await {
         order.push(s);
     }
-    assert_eq!(order, vec!["render", "review"], "publish never ran");
+    assert_eq!(order, vec!["render", "review", "report"], "publish never ran, the fan-in once");
     assert_eq!(
         steps_by_state(&db, parent).await,
         vec![
             ("publish".into(), JobState::Cancelled, Reason::DependencyFailed),
             ("render".into(), JobState::Succeeded, Reason::Completed),
+            ("report".into(), JobState::Succeeded, Reason::Completed),
             ("review".into(), JobState::Dead, Reason::PermanentError),
         ]
     );
     let p = db.job(parent).await;
     assert_eq!(p.state, JobState::Dead, "a dead step: the workflow is dead, not cancelled");
-    assert_eq!(p.result, Some(json!({ "open": 0, "succeeded": 1, "cancelled": 1, "dead": 1 })));
+    assert_eq!(p.result, Some(json!({ "open": 0, "succeeded": 2, "cancelled": 1, "dead": 1 })));
+    // The fan-in ran with the summary of how each step ended.
+    let report: serde_json::Value =
+        sqlx::query_scalar("SELECT payload FROM jobledger.jobs WHERE kind = 'report'")
+            .fetch_one(db.ledger.pool())
+            .await
+            .unwrap();
+    let s = &report["steps"];
+    assert_eq!(
+        (s["render"]["state"].as_str(), s["review"]["state"].as_str(), s["publish"]["state"].as_str()),
+        (Some("succeeded"), Some("dead"), Some("cancelled"))
+    );
     // The parent's own stream tells the story, step by step.
     let parent_events: Vec<(String, serde_json::Value)> = sqlx::query_as(
         "SELECT to_state, data FROM jobledger.events WHERE job_id = $1 AND type = 'step_finished' ORDER BY version",
@@ -153,7 +183,8 @@ async fn the_seed_workflow_with_real_workers_ends_per_step() {
         vec![
             ("render".into(), "succeeded".into(), "running".into()),
             ("review".into(), "dead".into(), "failing".into()),
-            ("publish".into(), "cancelled".into(), "dead".into()),
+            ("publish".into(), "cancelled".into(), "failing".into()),
+            ("report".into(), "succeeded".into(), "dead".into()),
         ]
     );
     db.assert_verified().await;
