@@ -522,7 +522,12 @@ async fn the_audit_copy_records_every_version_in_any_order() {
     ];
     for (id, v) in order {
         let e = ev(id, v);
-        let m = message(e, "q", Some(if id == job.job_id { "audit" } else { "gappy" }), None);
+        let m = message(
+            e,
+            "q",
+            Some(if id == job.job_id { "audit" } else { "gappy" }),
+            None,
+        );
         let headers: Vec<(&str, &str)> = m.headers.iter().map(|(k, v)| (*k, v.as_str())).collect();
         common::kafka::produce(&p, &topic, &m.key, &headers, &m.body).await;
     }

@@ -46,13 +46,14 @@ async fn step_messages_carry_their_parent_and_step_name() {
     let parent = created.parent.job.job_id;
     let render = db.claim_one("w").await;
     assert!(render.complete(None).await.unwrap().committed());
-    let events: HashSet<(String, i64)> = sqlx::query_as::<_, (Uuid, i64)>("SELECT job_id, version FROM jobledger.events")
-        .fetch_all(db.ledger.pool())
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|(j, v)| (j.to_string(), v))
-        .collect();
+    let events: HashSet<(String, i64)> =
+        sqlx::query_as::<_, (Uuid, i64)>("SELECT job_id, version FROM jobledger.events")
+            .fetch_all(db.ledger.pool())
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|(j, v)| (j.to_string(), v))
+            .collect();
 
     let topic = topic();
     let relay = Relay::new(db.ledger.clone(), relay_cfg(&topic));
@@ -75,10 +76,18 @@ async fn step_messages_carry_their_parent_and_step_name() {
             .headers()
             .unwrap()
             .iter()
-            .map(|h| (h.key.to_string(), String::from_utf8(h.value.unwrap().to_vec()).unwrap()))
+            .map(|h| {
+                (
+                    h.key.to_string(),
+                    String::from_utf8(h.value.unwrap().to_vec()).unwrap(),
+                )
+            })
             .collect();
         let body: Value = serde_json::from_slice(m.payload().unwrap()).unwrap();
-        let key = (body["job_id"].as_str().unwrap().to_string(), body["version"].as_i64().unwrap());
+        let key = (
+            body["job_id"].as_str().unwrap().to_string(),
+            body["version"].as_i64().unwrap(),
+        );
         got.insert(key, (headers, body));
     }
     stop.cancel();
@@ -95,7 +104,13 @@ async fn step_messages_carry_their_parent_and_step_name() {
             assert_eq!(b["step"], json!(name), "{name}: body");
         }
     }
-    let parent_msgs: Vec<_> = got.iter().filter(|((j, _), _)| *j == parent.to_string()).collect();
+    let parent_msgs: Vec<_> = got
+        .iter()
+        .filter(|((j, _), _)| *j == parent.to_string())
+        .collect();
     assert!(parent_msgs.iter().any(|(_, (_, b))| b["type"] == "step_finished"));
-    assert!(parent_msgs.iter().all(|(_, (h, _))| !h.contains_key("step")), "the parent is no step");
+    assert!(
+        parent_msgs.iter().all(|(_, (h, _))| !h.contains_key("step")),
+        "the parent is no step"
+    );
 }

@@ -8,12 +8,12 @@
 
 use chrono::{Duration, TimeZone, Utc};
 use jobledger::domain::workflow::{
-    check, DependencyPolicy, Membership, StepLink, StepRef, StepSpec, StepStatus, WorkflowError, WorkflowSpec,
-    WorkflowTie,
+    check, DependencyPolicy, Membership, StepLink, StepRef, StepSpec, StepStatus, WorkflowError,
+    WorkflowSpec, WorkflowTie,
 };
 use jobledger::domain::{
-    apply, decide, decide_enqueue_tied, Command, Ctx, ErrorClass, Event, EventBody, Fence, Job, JobState, NewJob, Policy,
-    Reason,
+    apply, decide, decide_enqueue_tied, Command, Ctx, ErrorClass, Event, EventBody, Fence, Job, JobState,
+    NewJob, Policy, Reason,
 };
 use proptest::prelude::*;
 use serde_json::json;
@@ -81,7 +81,9 @@ impl World {
     /// parent's count and the release of its dependents, until quiet.
     fn step_write(&mut self, i: usize, cmd: Command) -> bool {
         let ctx = self.ctx();
-        let Ok(ev) = decide(&self.steps[i], &cmd, &ctx) else { return false };
+        let Ok(ev) = decide(&self.steps[i], &cmd, &ctx) else {
+            return false;
+        };
         let before = self.steps[i].state;
         self.steps[i] = apply(Some(&self.steps[i]), &ev).expect("decide's event applies");
         let after = self.steps[i].state;
@@ -89,7 +91,11 @@ impl World {
             // Released: every prerequisite succeeded, or the policy says
             // run and every one has ended.
             let link = self.link(i);
-            let pre: Vec<JobState> = link.after.iter().map(|r| self.steps[self.index(r.job_id)].state).collect();
+            let pre: Vec<JobState> = link
+                .after
+                .iter()
+                .map(|r| self.steps[self.index(r.job_id)].state)
+                .collect();
             let ok = match self.steps[i].reason {
                 Reason::DependenciesMet => pre.iter().all(|s| *s == JobState::Succeeded),
                 Reason::DependencyFailedRun => {
@@ -99,7 +105,11 @@ impl World {
                 }
                 _ => false,
             };
-            assert!(ok, "step {} released too early: {pre:?} ({})", link.step, self.steps[i].reason);
+            assert!(
+                ok,
+                "step {} released too early: {pre:?} ({})",
+                link.step, self.steps[i].reason
+            );
         }
         if after.is_terminal() && !before.is_terminal() {
             let link = self.link(i);
@@ -147,7 +157,10 @@ impl World {
             assert!(!matches!(self.parent.state, JobState::Running | JobState::Queued));
         }
         if states.iter().any(|s| !s.is_terminal()) {
-            assert!(!self.parent.state.is_terminal(), "an open step: the parent is not done");
+            assert!(
+                !self.parent.state.is_terminal(),
+                "an open step: the parent is not done"
+            );
         }
         if states.iter().all(|s| *s == JobState::Succeeded) {
             assert_eq!(self.parent.state, JobState::Succeeded);
@@ -224,10 +237,20 @@ fn build(shape: &[(Vec<usize>, DependencyPolicy)]) -> World {
                         job_id: ids[a],
                     })
                     .collect(),
-                then: (0..shape.len()).filter(|&d| shape[d].0.contains(&i)).map(|d| ids[d]).collect(),
+                then: (0..shape.len())
+                    .filter(|&d| shape[d].0.contains(&i))
+                    .map(|d| ids[d])
+                    .collect(),
                 on_dependency_failure: *on,
             };
-            let ev = decide_enqueue_tied(ids[i], 2 + i as i64, &new_job(&name(i)), &policy, Some(&WorkflowTie::Step(link)), &ctx);
+            let ev = decide_enqueue_tied(
+                ids[i],
+                2 + i as i64,
+                &new_job(&name(i)),
+                &policy,
+                Some(&WorkflowTie::Step(link)),
+                &ctx,
+            );
             apply(None, &ev).unwrap()
         })
         .collect();

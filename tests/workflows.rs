@@ -7,66 +7,13 @@
 mod common;
 
 use common::workers::{base, start, stop};
-use common::{eventually, fresh, within, TestDb};
-use jobledger::domain::workflow::{DependencyPolicy, StepSpec, WorkflowSpec};
-use jobledger::domain::{ErrorClass, JobState, Reason};
-use jobledger::ledger::{LedgerError, WorkflowCreated};
+use common::workflows::{finish_next, id_of, seed, spec, step, steps_by_state};
+use common::{eventually, fresh, within};
+use jobledger::domain::workflow::{DependencyPolicy, WorkflowSpec};
+use jobledger::domain::{JobState, Reason};
+use jobledger::ledger::LedgerError;
 use jobledger::worker::{HandlerOutcome, JobContext};
 use serde_json::json;
-use uuid::Uuid;
-
-fn step(name: &str, after: &[&str]) -> StepSpec {
-    StepSpec {
-        name: name.into(),
-        queue: None,
-        kind: name.into(),
-        key: None,
-        payload: json!({ "step": name }),
-        after: after.iter().map(|s| s.to_string()).collect(),
-        on_dependency_failure: DependencyPolicy::Cancel,
-        priority: 0,
-        policy: None,
-    }
-}
-
-fn spec(key: &str, steps: Vec<StepSpec>) -> WorkflowSpec {
-    WorkflowSpec {
-        queue: "q".into(),
-        name: "publish_note".into(),
-        key: Some(key.into()),
-        payload: json!({ "note": 7 }),
-        steps,
-        finally: None,
-    }
-}
-
-/// The seed example: render → review → publish.
-fn seed(key: &str, publish: DependencyPolicy) -> WorkflowSpec {
-    let mut publish_step = step("publish", &["review"]);
-    publish_step.on_dependency_failure = publish;
-    spec(key, vec![step("render", &[]), step("review", &["render"]), publish_step])
-}
-
-fn id_of(c: &WorkflowCreated, name: &str) -> Uuid {
-    c.steps.iter().find(|(n, _)| n == name).expect("step").1.job.job_id
-}
-
-async fn steps_by_state(db: &TestDb, parent: Uuid) -> Vec<(String, JobState, Reason)> {
-    let view = db.ledger.workflow_view(parent).await.unwrap();
-    view.steps.into_iter().map(|s| (s.step, s.state, s.reason)).collect()
-}
-
-/// Completes the only claimable job of queue `q`, which must be `kind`.
-async fn finish_next(db: &TestDb, kind: &str, ok: bool) {
-    let lease = db.claim_one("w").await;
-    assert_eq!(lease.job().unwrap().kind, kind, "claimed the wrong step");
-    let r = if ok {
-        lease.complete(Some(json!({ "done": kind }))).await.unwrap()
-    } else {
-        lease.fail(ErrorClass::Permanent, "rejected", None).await.unwrap()
-    };
-    assert!(r.committed(), "{r:?}");
-}
 
 #[tokio::test]
 async fn the_seed_workflow_with_real_workers_ends_per_step() {
@@ -85,7 +32,11 @@ async fn the_seed_workflow_with_real_workers_ends_per_step() {
     assert_eq!(db.state_of(id_of(&created, "review")).await, JobState::Waiting);
     let view = db.ledger.workflow_view(parent).await.unwrap();
     let review = view.steps.iter().find(|s| s.step == "review").unwrap();
-    assert_eq!(review.waiting_for, vec!["render".to_string()], "show says what it waits for");
+    assert_eq!(
+        review.waiting_for,
+        vec!["render".to_string()],
+        "show says what it waits for"
+    );
 
     let (ran_tx, mut ran) = tokio::sync::mpsc::unbounded_channel();
     let worker = base(&db, "w1")
@@ -142,7 +93,11 @@ async fn the_seed_workflow_with_real_workers_ends_per_step() {
     while let Some(s) = ran.recv().await {
         order.push(s);
     }
-    assert_eq!(order, vec!["render", "review", "report"], "publish never ran, the fan-in once");
+    assert_eq!(
+        order,
+        vec!["render", "review", "report"],
+        "publish never ran, the fan-in once"
+    );
     assert_eq!(
         steps_by_state(&db, parent).await,
         vec![
@@ -153,8 +108,15 @@ async fn the_seed_workflow_with_real_workers_ends_per_step() {
         ]
     );
     let p = db.job(parent).await;
-    assert_eq!(p.state, JobState::Dead, "a dead step: the workflow is dead, not cancelled");
-    assert_eq!(p.result, Some(json!({ "open": 0, "succeeded": 2, "cancelled": 1, "dead": 1 })));
+    assert_eq!(
+        p.state,
+        JobState::Dead,
+        "a dead step: the workflow is dead, not cancelled"
+    );
+    assert_eq!(
+        p.result,
+        Some(json!({ "open": 0, "succeeded": 2, "cancelled": 1, "dead": 1 }))
+    );
     // The fan-in ran with the summary of how each step ended.
     let report: serde_json::Value =
         sqlx::query_scalar("SELECT payload FROM jobledger.jobs WHERE kind = 'report'")
@@ -163,7 +125,11 @@ async fn the_seed_workflow_with_real_workers_ends_per_step() {
             .unwrap();
     let s = &report["steps"];
     assert_eq!(
-        (s["render"]["state"].as_str(), s["review"]["state"].as_str(), s["publish"]["state"].as_str()),
+        (
+            s["render"]["state"].as_str(),
+            s["review"]["state"].as_str(),
+            s["publish"]["state"].as_str()
+        ),
         (Some("succeeded"), Some("dead"), Some("cancelled"))
     );
     // The parent's own stream tells the story, step by step.
@@ -176,7 +142,13 @@ async fn the_seed_workflow_with_real_workers_ends_per_step() {
     .unwrap();
     let told: Vec<(String, String, String)> = parent_events
         .iter()
-        .map(|(to, d)| (d["step"].as_str().unwrap().into(), d["status"].as_str().unwrap().into(), to.clone()))
+        .map(|(to, d)| {
+            (
+                d["step"].as_str().unwrap().into(),
+                d["status"].as_str().unwrap().into(),
+                to.clone(),
+            )
+        })
         .collect();
     assert_eq!(
         told,
@@ -195,7 +167,11 @@ async fn the_seed_workflow_with_real_workers_ends_per_step() {
 #[tokio::test]
 async fn a_prerequisites_success_and_the_release_commit_together() {
     let db = fresh().await;
-    let created = db.ledger.workflow(&seed("atomic", DependencyPolicy::Cancel)).await.unwrap();
+    let created = db
+        .ledger
+        .workflow(&seed("atomic", DependencyPolicy::Cancel))
+        .await
+        .unwrap();
     let review = id_of(&created, "review");
     let lease = db.claim_one("w").await;
 
@@ -208,13 +184,25 @@ async fn a_prerequisites_success_and_the_release_commit_together() {
         .await
         .unwrap();
     assert_eq!(inside, "queued", "released inside the same transaction");
-    assert_eq!(db.state_of(review).await, JobState::Waiting, "not visible before the commit");
+    assert_eq!(
+        db.state_of(review).await,
+        JobState::Waiting,
+        "not visible before the commit"
+    );
     tx.rollback().await.unwrap();
-    assert_eq!(db.state_of(review).await, JobState::Waiting, "rolled back together");
+    assert_eq!(
+        db.state_of(review).await,
+        JobState::Waiting,
+        "rolled back together"
+    );
     assert_eq!(db.state_of(lease.job_id()).await, JobState::Leased);
 
     let mut tx = db.ledger.pool().begin().await.unwrap();
-    assert!(lease.complete_in(&mut tx, Some(json!({}))).await.unwrap().committed());
+    assert!(lease
+        .complete_in(&mut tx, Some(json!({})))
+        .await
+        .unwrap()
+        .committed());
     tx.commit().await.unwrap();
     assert_eq!(db.state_of(review).await, JobState::Queued);
     let txids: i64 = db
@@ -226,15 +214,24 @@ async fn a_prerequisites_success_and_the_release_commit_together() {
             created.parent.job.job_id
         ))
         .await;
-    assert_eq!(txids, 2, "the claim, then one transaction for the success, the parent's count and the release");
+    assert_eq!(
+        txids, 2,
+        "the claim, then one transaction for the success, the parent's count and the release"
+    );
 }
 
 #[tokio::test]
 async fn bad_specs_are_refused_and_nothing_is_written() {
     let db = fresh().await;
     let cases: Vec<(WorkflowSpec, &str)> = vec![
-        (spec("c", vec![step("a", &["c"]), step("b", &["a"]), step("c", &["b"])]), "form a cycle"),
-        (spec("u", vec![step("a", &["nope"])]), "not a step of this workflow"),
+        (
+            spec("c", vec![step("a", &["c"]), step("b", &["a"]), step("c", &["b"])]),
+            "form a cycle",
+        ),
+        (
+            spec("u", vec![step("a", &["nope"])]),
+            "not a step of this workflow",
+        ),
         (spec("d", vec![step("a", &[]), step("a", &[])]), "used twice"),
         (spec("s", vec![step("a", &["a"])]), "waits for itself"),
         (spec("e", vec![]), "at least one step"),
@@ -256,8 +253,16 @@ async fn bad_specs_are_refused_and_nothing_is_written() {
 #[tokio::test]
 async fn the_same_spec_under_the_same_key_is_the_same_workflow() {
     let db = fresh().await;
-    let first = db.ledger.workflow(&seed("once", DependencyPolicy::Cancel)).await.unwrap();
-    let again = db.ledger.workflow(&seed("once", DependencyPolicy::Cancel)).await.unwrap();
+    let first = db
+        .ledger
+        .workflow(&seed("once", DependencyPolicy::Cancel))
+        .await
+        .unwrap();
+    let again = db
+        .ledger
+        .workflow(&seed("once", DependencyPolicy::Cancel))
+        .await
+        .unwrap();
     assert!(first.parent.created && !again.parent.created);
     assert_eq!(first.parent.job.job_id, again.parent.job.job_id);
     assert_eq!(again.steps.len(), 3);
@@ -274,14 +279,21 @@ async fn two_steps_finishing_at_once_are_both_counted() {
     let db = fresh().await;
     let created = db
         .ledger
-        .workflow(&spec("fan", vec![step("a", &[]), step("b", &[]), step("c", &["a", "b"])]))
+        .workflow(&spec(
+            "fan",
+            vec![step("a", &[]), step("b", &[]), step("c", &["a", "b"])],
+        ))
         .await
         .unwrap();
     let parent = created.parent.job.job_id;
     let (la, lb) = (db.claim_one("wa").await, db.claim_one("wb").await);
 
     let mut first = db.ledger.pool().begin().await.unwrap();
-    assert!(la.complete_in(&mut first, Some(json!({}))).await.unwrap().committed());
+    assert!(la
+        .complete_in(&mut first, Some(json!({})))
+        .await
+        .unwrap()
+        .committed());
     let second = tokio::spawn(async move { lb.complete(Some(json!({}))).await.unwrap() });
     eventually("the second completion waits for the parent's lock", || async {
         db.count("SELECT count(*) FROM pg_locks WHERE NOT granted AND locktype = 'transactionid'")
@@ -293,7 +305,10 @@ async fn two_steps_finishing_at_once_are_both_counted() {
     let r = within("the second completion", second).await.unwrap();
     assert!(r.committed(), "{r:?}");
     let p = db.job(parent).await;
-    assert_eq!(p.result, Some(json!({ "open": 1, "succeeded": 2, "cancelled": 0, "dead": 0 })));
+    assert_eq!(
+        p.result,
+        Some(json!({ "open": 1, "succeeded": 2, "cancelled": 0, "dead": 0 }))
+    );
     assert_eq!(p.state, JobState::Running);
     assert_eq!(db.state_of(id_of(&created, "c")).await, JobState::Queued);
     assert_eq!(
@@ -314,7 +329,11 @@ async fn two_steps_finishing_at_once_are_both_counted() {
 #[tokio::test]
 async fn a_held_step_waits_for_a_person_and_a_replay_reopens_the_parent() {
     let db = fresh().await;
-    let created = db.ledger.workflow(&seed("held", DependencyPolicy::Hold)).await.unwrap();
+    let created = db
+        .ledger
+        .workflow(&seed("held", DependencyPolicy::Hold))
+        .await
+        .unwrap();
     let (parent, review, publish) = (
         created.parent.job.job_id,
         id_of(&created, "review"),
@@ -323,15 +342,34 @@ async fn a_held_step_waits_for_a_person_and_a_replay_reopens_the_parent() {
     finish_next(&db, "render", true).await;
     finish_next(&db, "review", false).await;
     let held = db.job(publish).await;
-    assert_eq!((held.state, held.reason), (JobState::Waiting, Reason::DependencyHeld));
-    assert_eq!(db.state_of(parent).await, JobState::Failing, "a dead step, an open one");
+    assert_eq!(
+        (held.state, held.reason),
+        (JobState::Waiting, Reason::DependencyHeld)
+    );
+    assert_eq!(
+        db.state_of(parent).await,
+        JobState::Failing,
+        "a dead step, an open one"
+    );
     db.claim_none("w").await;
 
-    let r = db.ledger.replay(review, "ops", "editor changed their mind").await.unwrap();
+    let r = db
+        .ledger
+        .replay(review, "ops", "editor changed their mind")
+        .await
+        .unwrap();
     assert!(r.committed());
-    assert_eq!(db.state_of(parent).await, JobState::Running, "reopened: nothing ended badly now");
+    assert_eq!(
+        db.state_of(parent).await,
+        JobState::Running,
+        "reopened: nothing ended badly now"
+    );
     finish_next(&db, "review", true).await;
-    assert_eq!(db.state_of(publish).await, JobState::Queued, "the held step goes once its prerequisite succeeded");
+    assert_eq!(
+        db.state_of(publish).await,
+        JobState::Queued,
+        "the held step goes once its prerequisite succeeded"
+    );
     finish_next(&db, "publish", true).await;
     assert_eq!(db.state_of(parent).await, JobState::Succeeded);
     db.assert_verified().await;
@@ -350,11 +388,26 @@ async fn an_operator_releases_a_held_step_and_run_runs_anyway() {
     finish_next(&db, "render", true).await;
     finish_next(&db, "review", false).await;
     let notify = db.job(id_of(&created, "notify")).await;
-    assert_eq!((notify.state, notify.reason), (JobState::Queued, Reason::DependencyFailedRun));
+    assert_eq!(
+        (notify.state, notify.reason),
+        (JobState::Queued, Reason::DependencyFailedRun)
+    );
     let publish = id_of(&created, "publish");
-    let refused = db.ledger.release_hold(id_of(&created, "render"), "ops", "go").await.unwrap();
-    assert_eq!(refused.outcome, jobledger::domain::Outcome::InvalidTransition, "only a held step");
-    let r = db.ledger.release_hold(publish, "ops", "published by hand review").await.unwrap();
+    let refused = db
+        .ledger
+        .release_hold(id_of(&created, "render"), "ops", "go")
+        .await
+        .unwrap();
+    assert_eq!(
+        refused.outcome,
+        jobledger::domain::Outcome::InvalidTransition,
+        "only a held step"
+    );
+    let r = db
+        .ledger
+        .release_hold(publish, "ops", "published by hand review")
+        .await
+        .unwrap();
     assert!(r.committed(), "{r:?}");
     assert_eq!(db.job(publish).await.reason, Reason::HoldReleased);
     db.assert_verified().await;
@@ -365,8 +418,16 @@ async fn an_operator_releases_a_held_step_and_run_runs_anyway() {
 #[tokio::test]
 async fn cancelling_a_waiting_step_cascades_and_is_counted() {
     let db = fresh().await;
-    let created = db.ledger.workflow(&seed("cx", DependencyPolicy::Cancel)).await.unwrap();
-    let r = db.ledger.cancel(id_of(&created, "review"), Some("not needed")).await.unwrap();
+    let created = db
+        .ledger
+        .workflow(&seed("cx", DependencyPolicy::Cancel))
+        .await
+        .unwrap();
+    let r = db
+        .ledger
+        .cancel(id_of(&created, "review"), Some("not needed"))
+        .await
+        .unwrap();
     assert!(r.committed(), "{r:?}");
     assert_eq!(db.state_of(id_of(&created, "publish")).await, JobState::Cancelled);
     let p = db.job(created.parent.job.job_id).await;
@@ -381,7 +442,11 @@ async fn cancelling_a_waiting_step_cascades_and_is_counted() {
 #[tokio::test]
 async fn verify_replays_the_parent_against_the_rule_table() {
     let db = fresh().await;
-    let created = db.ledger.workflow(&seed("v", DependencyPolicy::Cancel)).await.unwrap();
+    let created = db
+        .ledger
+        .workflow(&seed("v", DependencyPolicy::Cancel))
+        .await
+        .unwrap();
     let parent = created.parent.job.job_id;
     finish_next(&db, "render", true).await;
     db.assert_verified().await;
@@ -412,9 +477,17 @@ async fn the_fan_in_runs_once_with_the_summary() {
     });
     let created = db.ledger.workflow(&s).await.unwrap();
     let parent = created.parent.job.job_id;
-    assert_eq!(db.job(parent).await.result.unwrap()["open"], 4, "the fan-in is counted from the start");
+    assert_eq!(
+        db.job(parent).await.result.unwrap()["open"],
+        4,
+        "the fan-in is counted from the start"
+    );
     finish_next(&db, "render", true).await;
-    assert_eq!(db.count("SELECT count(*) FROM jobledger.jobs WHERE kind = 'report'").await, 0);
+    assert_eq!(
+        db.count("SELECT count(*) FROM jobledger.jobs WHERE kind = 'report'")
+            .await,
+        0
+    );
     finish_next(&db, "review", false).await;
     // publish was cancelled by the dependency: every other step has ended.
     let lease = db.claim_one("w").await;
@@ -424,19 +497,37 @@ async fn the_fan_in_runs_once_with_the_summary() {
     assert_eq!(job.payload["steps"]["review"]["state"], "dead");
     assert_eq!(job.payload["steps"]["publish"]["reason"], "dependency_failed");
     assert_eq!(job.payload["steps"]["render"]["state"], "succeeded");
-    assert_eq!(db.state_of(parent).await, JobState::Failing, "the fan-in is still open");
-    assert!(lease.complete(Some(json!({ "sent": true }))).await.unwrap().committed());
+    assert_eq!(
+        db.state_of(parent).await,
+        JobState::Failing,
+        "the fan-in is still open"
+    );
+    assert!(lease
+        .complete(Some(json!({ "sent": true })))
+        .await
+        .unwrap()
+        .committed());
     assert_eq!(db.state_of(parent).await, JobState::Dead);
 
     let review = id_of(&created, "review");
-    assert!(db.ledger.replay(review, "ops", "again").await.unwrap().committed());
+    assert!(db
+        .ledger
+        .replay(review, "ops", "again")
+        .await
+        .unwrap()
+        .committed());
     finish_next(&db, "review", true).await;
     assert_eq!(
-        db.count("SELECT count(*) FROM jobledger.jobs WHERE kind = 'report'").await,
+        db.count("SELECT count(*) FROM jobledger.jobs WHERE kind = 'report'")
+            .await,
         1,
         "created once"
     );
-    assert_eq!(db.state_of(parent).await, JobState::Cancelled, "publish stays cancelled, nothing dead now");
+    assert_eq!(
+        db.state_of(parent).await,
+        JobState::Cancelled,
+        "publish stays cancelled, nothing dead now"
+    );
     db.assert_verified().await;
 }
 
@@ -449,31 +540,61 @@ async fn cancelling_a_workflow_cancels_each_open_step() {
         .ledger
         .workflow(&spec(
             "wc",
-            vec![step("render", &[]), step("upload", &[]), step("review", &["render"]), step("publish", &["review", "upload"])],
+            vec![
+                step("render", &[]),
+                step("upload", &[]),
+                step("review", &["render"]),
+                step("publish", &["review", "upload"]),
+            ],
         ))
         .await
         .unwrap();
     let parent = created.parent.job.job_id;
     let render = db.claim_one("w").await;
     let upload = db.claim_one("w").await;
-    assert!(upload.submit("rcpt-1").await.unwrap().committed(), "upload awaits a receipt");
+    assert!(
+        upload.submit("rcpt-1").await.unwrap().committed(),
+        "upload awaits a receipt"
+    );
 
-    let out = db.ledger.cancel_workflow(parent, Some("note withdrawn")).await.unwrap();
+    let out = db
+        .ledger
+        .cancel_workflow(parent, Some("note withdrawn"))
+        .await
+        .unwrap();
     let outcomes: Vec<_> = out.iter().map(|r| r.outcome.as_str()).collect();
-    assert_eq!(outcomes[0], "committed", "the parent records the request: {outcomes:?}");
+    assert_eq!(
+        outcomes[0], "committed",
+        "the parent records the request: {outcomes:?}"
+    );
     assert_eq!(db.state_of(id_of(&created, "review")).await, JobState::Cancelled);
     assert_eq!(db.state_of(id_of(&created, "publish")).await, JobState::Cancelled);
     assert_eq!(db.state_of(render.job_id()).await, JobState::CancelRequested);
     let u = db.job(upload.job_id()).await;
-    assert_eq!((u.state, u.reason), (JobState::AwaitingReceipt, Reason::CancelAfterSubmit));
+    assert_eq!(
+        (u.state, u.reason),
+        (JobState::AwaitingReceipt, Reason::CancelAfterSubmit)
+    );
     assert_eq!(db.state_of(parent).await, JobState::Failing);
     let plain = db.ledger.cancel(parent, None).await.unwrap();
-    assert_eq!(plain.outcome.as_str(), "invalid_transition", "a workflow is not cancelled as one job");
+    assert_eq!(
+        plain.outcome.as_str(),
+        "invalid_transition",
+        "a workflow is not cancelled as one job"
+    );
     let again = db.ledger.cancel_workflow(parent, None).await.unwrap();
     assert_eq!(again[0].outcome.as_str(), "already_committed");
 
     assert!(render.confirm_cancel().await.unwrap().committed());
-    let r = db.ledger.receipt(upload.job_id(), "rcpt-1", jobledger::domain::ReceiptStatus::Succeeded).await.unwrap();
+    let r = db
+        .ledger
+        .receipt(
+            upload.job_id(),
+            "rcpt-1",
+            jobledger::domain::ReceiptStatus::Succeeded,
+        )
+        .await
+        .unwrap();
     assert!(r.committed());
     let p = db.job(parent).await;
     assert_eq!(p.state, JobState::Cancelled);
@@ -484,73 +605,17 @@ async fn cancelling_a_workflow_cancels_each_open_step() {
     db.assert_verified().await;
 }
 
-/// The CLI: a spec from standard input, `show` of a waiting step, the
-/// tree, and bad specs as exit 2 with a one-line reason and nothing written.
-#[tokio::test]
-async fn the_cli_creates_shows_and_refuses() {
-    use common::cli::{jl, jl_stdin};
-    let db = fresh().await;
-    let spec = r#"{"queue":"q","name":"publish_note","key":"n1","steps":[
-        {"name":"render","kind":"render","payload":{"note":1}},
-        {"name":"review","kind":"review","after":["render"]},
-        {"name":"publish","kind":"publish","after":["review"],"on_dependency_failure":"hold"}]}"#;
-    let created = jl_stdin(&db.url, &["workflow", "create", "@-"], Some(spec));
-    assert_eq!(created.code, 0, "{}", created.stderr);
-    let c = created.json();
-    assert_eq!(c["state"], "running");
-    let review = c["steps"].as_array().unwrap().iter().find(|s| s["step"] == "review").unwrap()["job_id"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    let shown = jl(&db.url, &["show", &review]).json();
-    assert_eq!(shown["state"], "waiting");
-    assert_eq!(shown["waiting_for"], json!(["render"]));
-    assert_eq!(shown["workflow"]["step"], "review");
-    let tree = jl(&db.url, &["workflow", "show", c["workflow_id"].as_str().unwrap()]);
-    assert_eq!(tree.code, 0, "{}", tree.stderr);
-    let lines = tree.lines();
-    assert_eq!(lines[0]["tally"]["open"], 3);
-    assert_eq!(lines.len(), 4, "the parent and three steps");
-
-    for (bad, says) in [
-        (r#"{"queue":"q","name":"w","steps":[{"name":"a","kind":"k","after":["a"]}]}"#, "waits for itself"),
-        (r#"{"queue":"q","name":"w","steps":[{"name":"a","kind":"k","aftr":[]}]}"#, "unknown field"),
-        (r#"{"queue":"q","name":"w","steps":[{"name":"a","kind":"k","on_dependency_failure":"maybe"}]}"#, "unknown variant"),
-        ("[1,2", "spec"),
-    ] {
-        let r = jl_stdin(&db.url, &["workflow", "create", "@-"], Some(bad));
-        assert_eq!(r.code, 2, "{bad}: {}", r.stderr);
-        assert!(r.stderr.contains(says), "{bad}: {}", r.stderr);
-        assert_eq!(r.stderr.trim().lines().count(), 1, "one line: {}", r.stderr);
-    }
-    assert_eq!(db.count("SELECT count(*) FROM jobledger.jobs").await, 4);
-
-    // history PARENT: the parent's edges and its steps', in time.
-    finish_next(&db, "render", true).await;
-    let parent = c["workflow_id"].as_str().unwrap();
-    let h = jl(&db.url, &["history", parent]);
-    assert_eq!(h.code, 0, "{}", h.stderr);
-    let at = |needle: &str| {
-        h.stdout
-            .lines()
-            .position(|l| l.contains(needle))
-            .unwrap_or_else(|| panic!("no {needle:?} in\n{}", h.stdout))
-    };
-    assert!(at("[render]") < at("step_finished"), "{}", h.stdout);
-    assert!(at("succeeded") < at("step_finished"));
-    assert!(at("step_finished") < at("dependencies_resolved"), "{}", h.stdout);
-    assert!(h.stdout.lines().find(|l| l.contains("dependencies_resolved")).unwrap().starts_with("[review]"));
-    let json_lines = jl(&db.url, &["history", parent, "--json"]).lines();
-    assert!(json_lines.iter().any(|l| l["step"] == "render" && l["type"] == "succeeded"));
-}
-
 /// Across streams: a parent that forgot to count a step, or counts an end
 /// its step's log does not have, is found by `verify` (each stream alone
 /// still replays).
 #[tokio::test]
 async fn verify_matches_each_parent_with_its_steps() {
     let db = fresh().await;
-    let created = db.ledger.workflow(&seed("x", DependencyPolicy::Cancel)).await.unwrap();
+    let created = db
+        .ledger
+        .workflow(&seed("x", DependencyPolicy::Cancel))
+        .await
+        .unwrap();
     let parent = created.parent.job.job_id;
     finish_next(&db, "render", true).await;
     db.assert_verified().await;
@@ -563,7 +628,10 @@ async fn verify_matches_each_parent_with_its_steps() {
     .await;
     let report = db.ledger.verify(None).await.unwrap();
     assert!(
-        report.problems.iter().any(|p| p.job_id == parent && p.detail.contains("its log says succeeded to succeeded")),
+        report
+            .problems
+            .iter()
+            .any(|p| p.job_id == parent && p.detail.contains("its log says succeeded to succeeded")),
         "{:?}",
         report.problems
     );
@@ -578,7 +646,10 @@ async fn verify_matches_each_parent_with_its_steps() {
     .await;
     let report = db.ledger.verify(Some(render)).await.unwrap();
     assert!(
-        report.problems.iter().any(|p| p.job_id == render && p.detail.contains("is not counted by workflow")),
+        report
+            .problems
+            .iter()
+            .any(|p| p.job_id == render && p.detail.contains("is not counted by workflow")),
         "{:?}",
         report.problems
     );

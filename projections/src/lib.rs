@@ -13,6 +13,7 @@
 pub mod registry;
 pub mod runner;
 pub mod shipped;
+pub mod workflows;
 
 use chrono::{DateTime, Utc};
 use serde_json::Value;

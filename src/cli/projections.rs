@@ -12,8 +12,13 @@ use jobledger_projections::runner::Runner;
 use jobledger_projections::shipped::{JobTimeline, QueueStats};
 use jobledger_projections::Projection;
 
-fn shipped() -> [&'static dyn Projection; 3] {
-    [&JobTimeline, &QueueStats, &jobledger::rebuilt::JobsRebuilt]
+fn shipped() -> [&'static dyn Projection; 4] {
+    [
+        &JobTimeline,
+        &QueueStats,
+        &jobledger::rebuilt::JobsRebuilt,
+        &jobledger_projections::workflows::Workflows,
+    ]
 }
 
 pub async fn run(ledger: &Ledger, action: &str, name: Option<&str>) -> Result<i32> {

@@ -28,11 +28,21 @@ async fn items(ledger: &Ledger, job: Uuid) -> Result<Vec<Item>> {
     let history = ledger.history(job).await?;
     let members = ledger.workflow_members(&history[0].event).await?;
     let mut items: Vec<Item> = history.into_iter().map(|h| Item::Event(h, None)).collect();
-    items.extend(ledger.rejections(job).await?.into_iter().map(|r| Item::Refused(r, None)));
+    items.extend(
+        ledger
+            .rejections(job)
+            .await?
+            .into_iter()
+            .map(|r| Item::Refused(r, None)),
+    );
     // A workflow's history is its own edges and its steps', in time.
     for (m, events, refused) in members {
         items.extend(events.into_iter().map(|h| Item::Event(h, Some(m.step.clone()))));
-        items.extend(refused.into_iter().map(|r| Item::Refused(r, Some(m.step.clone()))));
+        items.extend(
+            refused
+                .into_iter()
+                .map(|r| Item::Refused(r, Some(m.step.clone()))),
+        );
     }
     // Stable: events keep their log order; a refusal sorts after the
     // events that were already there when it was refused.

@@ -47,7 +47,11 @@ pub async fn run(ledger: &Ledger, action: &WorkflowCmd, max_bytes: usize) -> Res
             }
             Ok(out.first().map_or(output::OK, |r| outcome_code(r.outcome)))
         }
-        WorkflowCmd::ReleaseHold { job, operator, reason } => {
+        WorkflowCmd::ReleaseHold {
+            job,
+            operator,
+            reason,
+        } => {
             let r = ledger.release_hold(*job, operator, reason).await?;
             line(&write_json(&r));
             Ok(outcome_code(r.outcome))
@@ -65,7 +69,10 @@ pub async fn shown(ledger: &Ledger, j: &Job) -> Result<Value> {
             o.insert("workflow".into(), json!({ "role": "parent", "steps": steps }));
         }
         Some(Membership::Step(l)) => {
-            o.insert("workflow".into(), json!({ "role": "step", "parent": l.parent, "step": l.step }));
+            o.insert(
+                "workflow".into(),
+                json!({ "role": "step", "parent": l.parent, "step": l.step }),
+            );
             let waiting = ledger.waiting_for(j).await?;
             if !waiting.is_empty() {
                 o.insert("waiting_for".into(), json!(waiting));

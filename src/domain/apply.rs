@@ -72,7 +72,9 @@ pub fn edge_allowed(body: &EventBody, from: JobState, to: JobState) -> bool {
         // The parent's target state is checked against its tally in `apply`.
         EventBody::StepFinished { .. } => matches!(from, Running | Failing) && to.is_parent_state(),
         EventBody::StepReopened { .. } => from.is_parent_state() && to.is_parent_state(),
-        EventBody::DependenciesResolved { .. } => from == Waiting && matches!(to, Queued | Cancelled | Waiting),
+        EventBody::DependenciesResolved { .. } => {
+            from == Waiting && matches!(to, Queued | Cancelled | Waiting)
+        }
         EventBody::HoldReleased { .. } => (from, to) == (Waiting, Queued),
     }
 }
@@ -252,7 +254,9 @@ pub fn apply(job: Option<&Job>, ev: &Event) -> Result<Job, ApplyError> {
         EventBody::StepReopened { previous, .. } => tally(&mut j, ev, *previous, StepStatus::Open)?,
         EventBody::DependenciesResolved { .. } | EventBody::HoldReleased { .. } => {
             if !matches!(j.workflow, Some(Membership::Step(_))) {
-                return Err(ApplyError::Workflow("a dependency event on a job that is no step".into()));
+                return Err(ApplyError::Workflow(
+                    "a dependency event on a job that is no step".into(),
+                ));
             }
         }
     }
@@ -263,7 +267,9 @@ pub fn apply(job: Option<&Job>, ev: &Event) -> Result<Job, ApplyError> {
 /// is the rule table's answer for the new tally.
 fn tally(j: &mut Job, ev: &Event, from: StepStatus, to: StepStatus) -> Result<(), ApplyError> {
     if !matches!(j.workflow, Some(Membership::Parent { .. })) {
-        return Err(ApplyError::Workflow("a step event on a job that is no workflow".into()));
+        return Err(ApplyError::Workflow(
+            "a step event on a job that is no workflow".into(),
+        ));
     }
     let t = Tally::from_value(j.result.as_ref())
         .and_then(|t| t.moved(from, to))
@@ -304,7 +310,8 @@ fn first(ev: &Event) -> Result<Job, ApplyError> {
     else {
         return Err(ApplyError::MissingEnqueue(ev.body.type_name()));
     };
-    if (ev.to_state, ev.reason) != initial(workflow.as_ref()) {
+    let workflow = workflow.as_deref();
+    if (ev.to_state, ev.reason) != initial(workflow) {
         return Err(ApplyError::IllegalEdge {
             kind: "enqueued",
             from: "-".into(),
@@ -356,6 +363,6 @@ fn first(ev: &Event) -> Result<Job, ApplyError> {
         updated_at: ev.recorded_at,
         version: 1,
         last_hash: ev.hash.clone(),
-        workflow: workflow.as_ref().map(WorkflowTie::membership),
+        workflow: workflow.map(WorkflowTie::membership),
     })
 }

@@ -108,7 +108,7 @@ pub fn decide_enqueue_tied(
             priority: new.priority,
             run_at,
             policy: policy.clone(),
-            workflow: tie.cloned(),
+            workflow: tie.cloned().map(Box::new),
         },
         prev_hash: None,
         hash: String::new(),

@@ -26,7 +26,7 @@ pub enum EventBody {
         /// Absent for a job outside any workflow, so those events (and
         /// their hashes) are exactly what they were before workflows.
         #[serde(default, skip_serializing_if = "Option::is_none")]
-        workflow: Option<WorkflowTie>,
+        workflow: Option<Box<WorkflowTie>>,
     },
     Claimed {
         holder: String,

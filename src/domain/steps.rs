@@ -14,7 +14,9 @@ use uuid::Uuid;
 pub(crate) fn initial(tie: Option<&WorkflowTie>) -> (JobState, Reason) {
     match tie {
         Some(WorkflowTie::Parent { .. }) => (JobState::Running, Reason::WorkflowStarted),
-        Some(WorkflowTie::Step(l)) if !l.after.is_empty() => (JobState::Waiting, Reason::WaitingForDependencies),
+        Some(WorkflowTie::Step(l)) if !l.after.is_empty() => {
+            (JobState::Waiting, Reason::WaitingForDependencies)
+        }
         _ => (JobState::Queued, Reason::New),
     }
 }
@@ -74,7 +76,10 @@ pub(super) fn resolve(job: &Job, prerequisites: &[(String, JobState)]) -> Result
         return Err(Rejection::invalid("not a workflow step"));
     };
     if job.state != JobState::Waiting {
-        return Err(Rejection::invalid(format!("the step is {}, not waiting", job.state)));
+        return Err(Rejection::invalid(format!(
+            "the step is {}, not waiting",
+            job.state
+        )));
     }
     let (to, reason, failed) = match release(link.on_dependency_failure, prerequisites) {
         Release::Go { failed: None } => (JobState::Queued, Reason::DependenciesMet, None),
@@ -110,9 +115,9 @@ pub(super) fn cancel_workflow(job: &Job, note: &Option<String>) -> Result<Draft,
         return Err(Rejection::invalid("not a workflow"));
     }
     match job.state {
-        JobState::Running | JobState::Failing if tally_of(job)?.cancel_requested => {
-            Err(Rejection::already_committed("the workflow's cancel was already requested"))
-        }
+        JobState::Running | JobState::Failing if tally_of(job)?.cancel_requested => Err(
+            Rejection::already_committed("the workflow's cancel was already requested"),
+        ),
         JobState::Running | JobState::Failing => Ok(draft(
             job,
             EventBody::CancelRequested { note: note.clone() },

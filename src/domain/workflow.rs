@@ -26,6 +26,8 @@ wire_enum!(
     }
 );
 
+// `wire_enum!` cannot put `#[default]` on a variant.
+#[allow(clippy::derivable_impls)]
 impl Default for DependencyPolicy {
     fn default() -> Self {
         DependencyPolicy::Cancel
@@ -210,7 +212,10 @@ fn cycle_names(spec: &WorkflowSpec, waits: &[usize]) -> String {
         .enumerate()
         .map(|(i, s)| (s.name.as_str(), i))
         .collect();
-    let start = waits.iter().position(|&w| w > 0).expect("a cycle has a waiting step");
+    let start = waits
+        .iter()
+        .position(|&w| w > 0)
+        .expect("a cycle has a waiting step");
     let mut path = vec![start];
     let mut at = start;
     loop {

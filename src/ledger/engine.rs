@@ -100,7 +100,7 @@ pub(crate) async fn write_decisions(
     decided: Vec<(Job, Result<Event, Rejection>)>,
 ) -> LedgerResult<Vec<WriteResult>> {
     let results = write_wave(conn, decided).await?;
-    super::workflow::follow(conn, &results).await?;
+    super::follow::follow(conn, &results).await?;
     Ok(results)
 }
 

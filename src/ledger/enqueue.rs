@@ -74,7 +74,9 @@ impl Ledger {
     ) -> LedgerResult<Vec<Enqueued>> {
         self.enqueue_drafts_in(
             conn,
-            news.into_iter().map(|(n, id, tie)| (n, Some((id, tie)))).collect(),
+            news.into_iter()
+                .map(|(n, id, tie)| (n, Some((id, tie))))
+                .collect(),
         )
         .await
     }
@@ -101,96 +103,94 @@ pub(crate) async fn insert_drafts(
     items: Vec<(NewJob, Option<(Uuid, WorkflowTie)>)>,
     after_epochs: Option<&AfterEpochs>,
 ) -> LedgerResult<Vec<Enqueued>> {
-        let (news, ties): (Vec<NewJob>, Vec<Option<(Uuid, WorkflowTie)>>) = items.into_iter().unzip();
-        if news.is_empty() {
-            return Ok(vec![]);
-        }
-        let wanted: HashSet<(String, String)> = news
-            .iter()
-            .filter(|n| n.policy.is_none())
-            .map(|n| (n.queue.clone(), n.kind.clone()))
-            .collect();
-        let (queues, kinds): (Vec<String>, Vec<String>) = wanted.into_iter().unzip();
-        let (epochs, now, registered) =
-            jobs::enqueue_context(conn, news.len() as i64, &queues, &kinds).await?;
-        if let Some(h) = after_epochs {
-            h().await;
-        }
-        let registered: HashMap<(String, String), Policy> = registered
-            .into_iter()
-            .map(|(q, k, v)| {
-                let p = serde_json::from_value(v)
-                    .map_err(|e| StoreError::Corrupt(format!("policy of {q}/{k}: {e}")))?;
-                Ok::<_, StoreError>(((q, k), p))
-            })
-            .collect::<Result<_, _>>()?;
-        let ctx = Ctx {
-            now,
-            actor: "api".into(),
-            jitter: 0.0,
+    let (news, ties): (Vec<NewJob>, Vec<Option<(Uuid, WorkflowTie)>>) = items.into_iter().unzip();
+    if news.is_empty() {
+        return Ok(vec![]);
+    }
+    let wanted: HashSet<(String, String)> = news
+        .iter()
+        .filter(|n| n.policy.is_none())
+        .map(|n| (n.queue.clone(), n.kind.clone()))
+        .collect();
+    let (queues, kinds): (Vec<String>, Vec<String>) = wanted.into_iter().unzip();
+    let (epochs, now, registered) = jobs::enqueue_context(conn, news.len() as i64, &queues, &kinds).await?;
+    if let Some(h) = after_epochs {
+        h().await;
+    }
+    let registered: HashMap<(String, String), Policy> = registered
+        .into_iter()
+        .map(|(q, k, v)| {
+            let p = serde_json::from_value(v)
+                .map_err(|e| StoreError::Corrupt(format!("policy of {q}/{k}: {e}")))?;
+            Ok::<_, StoreError>(((q, k), p))
+        })
+        .collect::<Result<_, _>>()?;
+    let ctx = Ctx {
+        now,
+        actor: "api".into(),
+        jitter: 0.0,
+    };
+    let mut drafts = Vec::with_capacity(news.len());
+    for ((new, epoch), tie) in news.iter().zip(epochs).zip(&ties) {
+        let policy = match &new.policy {
+            Some(p) => p.clone(),
+            None => registered
+                .get(&(new.queue.clone(), new.kind.clone()))
+                .cloned()
+                .unwrap_or_default(),
         };
-        let mut drafts = Vec::with_capacity(news.len());
-        for ((new, epoch), tie) in news.iter().zip(epochs).zip(&ties) {
-            let policy = match &new.policy {
-                Some(p) => p.clone(),
-                None => registered
-                    .get(&(new.queue.clone(), new.kind.clone()))
-                    .cloned()
-                    .unwrap_or_default(),
-            };
-            let (id, tie) = match tie {
-                Some((id, tie)) => (*id, Some(tie)),
-                None => (Uuid::now_v7(), None),
-            };
-            let ev = decide_enqueue_tied(id, epoch, new, &policy, tie, &ctx);
-            let job = apply(None, &ev).map_err(|e| StoreError::Corrupt(e.to_string()))?;
-            drafts.push((ev, job));
+        let (id, tie) = match tie {
+            Some((id, tie)) => (*id, Some(tie)),
+            None => (Uuid::now_v7(), None),
+        };
+        let ev = decide_enqueue_tied(id, epoch, new, &policy, tie, &ctx);
+        let job = apply(None, &ev).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+        drafts.push((ev, job));
+    }
+    let rows: Vec<JobRow> = drafts.iter().map(|(_, j)| JobRow::from(j)).collect();
+    let evs: Vec<EventRow> = drafts.iter().map(|(e, _)| EventRow::from(e)).collect();
+    let inserted: HashMap<Uuid, i64> = jobs::insert_new_jobs(conn, rows, evs)
+        .await?
+        .into_iter()
+        .collect();
+    let mut out = Vec::with_capacity(drafts.len());
+    for (ev, job) in drafts {
+        if let Some(position) = inserted.get(&ev.job_id) {
+            out.push(Enqueued {
+                job,
+                created: true,
+                position: Some(*position),
+            });
+            continue;
         }
-        let rows: Vec<JobRow> = drafts.iter().map(|(_, j)| JobRow::from(j)).collect();
-        let evs: Vec<EventRow> = drafts.iter().map(|(e, _)| EventRow::from(e)).collect();
-        let inserted: HashMap<Uuid, i64> = jobs::insert_new_jobs(conn, rows, evs)
-            .await?
-            .into_iter()
-            .collect();
-        let mut out = Vec::with_capacity(drafts.len());
-        for (ev, job) in drafts {
-            if let Some(position) = inserted.get(&ev.job_id) {
-                out.push(Enqueued {
-                    job,
-                    created: true,
-                    position: Some(*position),
-                });
-                continue;
-            }
-            out.push(existing_for(conn, &job).await?);
-        }
-        Ok(out)
+        out.push(existing_for(conn, &job).await?);
+    }
+    Ok(out)
 }
 
-    /// The job already holding this key: the same request gets it back; a
-    /// different payload under the same key is an error, never a second job.
-    async fn existing_for(conn: &mut PgConnection, job: &Job) -> LedgerResult<Enqueued> {
-        let key = job.job_key.as_deref().expect("only keyed jobs conflict");
-        let row = jobs::find_job_by_key(&mut *conn, &job.queue, key)
-            .await?
-            .ok_or_else(|| StoreError::Corrupt(format!("key {key} conflicted but no job holds it")))?;
-        let existing = Job::try_from(row)?;
-        if existing.payload_digest != job.payload_digest || existing.kind != job.kind {
-            return Err(LedgerError::KeyConflict {
-                queue: job.queue.clone(),
-                key: key.to_string(),
-                job_id: existing.job_id,
-            });
-        }
-        Ok(Enqueued {
-            job: existing,
-            created: false,
-            position: None,
-        })
+/// The job already holding this key: the same request gets it back; a
+/// different payload under the same key is an error, never a second job.
+async fn existing_for(conn: &mut PgConnection, job: &Job) -> LedgerResult<Enqueued> {
+    let key = job.job_key.as_deref().expect("only keyed jobs conflict");
+    let row = jobs::find_job_by_key(&mut *conn, &job.queue, key)
+        .await?
+        .ok_or_else(|| StoreError::Corrupt(format!("key {key} conflicted but no job holds it")))?;
+    let existing = Job::try_from(row)?;
+    if existing.payload_digest != job.payload_digest || existing.kind != job.kind {
+        return Err(LedgerError::KeyConflict {
+            queue: job.queue.clone(),
+            key: key.to_string(),
+            job_id: existing.job_id,
+        });
     }
+    Ok(Enqueued {
+        job: existing,
+        created: false,
+        position: None,
+    })
+}
 
 impl Ledger {
-
     /// Registers the policy new jobs of (queue, kind) get when they bring none.
     pub async fn register_policy(&self, queue: &str, kind: &str, policy: &Policy) -> LedgerResult<()> {
         check_policy(policy)?;

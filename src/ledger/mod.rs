@@ -4,6 +4,7 @@
 mod engine;
 mod enqueue;
 mod error;
+mod follow;
 mod lease;
 mod ops;
 mod validate;

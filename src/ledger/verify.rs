@@ -92,7 +92,9 @@ async fn check_workflows(
     let mut found = workflows::counts_without_step_edge(&mut *conn, job).await?;
     found.extend(workflows::step_edges_not_counted(&mut *conn, job).await?);
     for (id, version, position, detail) in found {
-        report.problems.push(problem(id, Some(version), Some(position), detail));
+        report
+            .problems
+            .push(problem(id, Some(version), Some(position), detail));
     }
     Ok(())
 }

@@ -11,19 +11,17 @@
 
 use serde::Serialize;
 use sqlx::PgConnection;
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use uuid::Uuid;
 
 use super::engine::{self, WriteResult};
 use super::enqueue::Enqueued;
 use super::error::{LedgerError, LedgerResult};
 use super::Ledger;
-use crate::domain::workflow::{
-    self, DependencyPolicy, FanIn, Membership, StepLink, StepRef, StepStatus, Tally, WorkflowSpec, WorkflowTie,
-};
-use crate::domain::{decide, digest, Command, Job, JobState, NewJob, Outcome, Policy};
+use crate::domain::workflow::{self, FanIn, Membership, StepLink, StepRef, WorkflowSpec, WorkflowTie};
+use crate::domain::{digest, Command, Job, JobState, NewJob, Outcome, Policy};
 use crate::store::rejections::RejectionRow;
-use crate::store::{jobs, workflows, StoreError};
+use crate::store::{jobs, workflows};
 
 /// A created (or, for the same spec under the same key, found) workflow.
 #[derive(Debug, Clone, Serialize)]
@@ -132,7 +130,11 @@ impl Ledger {
         Ok(Created { parent, steps })
     }
 
-    async fn existing_steps(&self, conn: &mut PgConnection, parent: Uuid) -> LedgerResult<Vec<(String, Enqueued)>> {
+    async fn existing_steps(
+        &self,
+        conn: &mut PgConnection,
+        parent: Uuid,
+    ) -> LedgerResult<Vec<(String, Enqueued)>> {
         let mut out = vec![];
         for row in workflows::steps_of(&mut *conn, parent).await? {
             let job = Job::try_from(row)?;
@@ -170,7 +172,9 @@ impl Ledger {
         let views = steps
             .iter()
             .filter_map(|j| {
-                let Some(Membership::Step(l)) = &j.workflow else { return None };
+                let Some(Membership::Step(l)) = &j.workflow else {
+                    return None;
+                };
                 let waiting_for = if j.state == JobState::Waiting {
                     l.after
                         .iter()
@@ -231,12 +235,17 @@ impl Ledger {
     /// For a waiting step: the prerequisites that have not succeeded (what
     /// `show` says it waits for). Empty for anything else.
     pub async fn waiting_for(&self, job: &Job) -> LedgerResult<Vec<String>> {
-        let Some(Membership::Step(l)) = &job.workflow else { return Ok(vec![]) };
+        let Some(Membership::Step(l)) = &job.workflow else {
+            return Ok(vec![]);
+        };
         if job.state != JobState::Waiting {
             return Ok(vec![]);
         }
         let ids: Vec<Uuid> = l.after.iter().map(|r| r.job_id).collect();
-        let states: HashMap<Uuid, String> = workflows::states_of(&self.pool, &ids).await?.into_iter().collect();
+        let states: HashMap<Uuid, String> = workflows::states_of(&self.pool, &ids)
+            .await?
+            .into_iter()
+            .collect();
         Ok(l.after
             .iter()
             .filter(|r| states.get(&r.job_id).map(String::as_str) != Some("succeeded"))
@@ -253,10 +262,12 @@ impl Ledger {
         first: &crate::domain::Event,
     ) -> LedgerResult<Vec<(StepRef, Vec<super::HistoryEntry>, Vec<RejectionRow>)>> {
         let crate::domain::EventBody::Enqueued {
-            workflow: Some(WorkflowTie::Parent { steps, fan_in }),
-            ..
+            workflow: Some(tie), ..
         } = &first.body
         else {
+            return Ok(vec![]);
+        };
+        let WorkflowTie::Parent { steps, fan_in } = tie.as_ref() else {
             return Ok(vec![]);
         };
         let mut members = steps.clone();
@@ -364,192 +375,4 @@ fn step_ties(spec: &WorkflowSpec, parent: Uuid, ids: &[Uuid]) -> Vec<WorkflowTie
             })
         })
         .collect()
-}
-
-/// What a committed step edge tells its parent.
-struct Note {
-    parent: Uuid,
-    command: Command,
-    /// The steps to look at once the parent has counted this one.
-    then: Vec<Uuid>,
-}
-
-fn notes(results: &[WriteResult]) -> Vec<Note> {
-    let mut out = vec![];
-    for r in results.iter().filter(|r| r.committed()) {
-        let (Some(job), Some(ev)) = (&r.job, &r.event) else { continue };
-        let Some(Membership::Step(link)) = &job.workflow else { continue };
-        let was_ended = ev.from_state.is_some_and(JobState::is_terminal);
-        let command = if ev.to_state.is_terminal() && !was_ended {
-            Command::StepFinished {
-                step: link.step.clone(),
-                job_id: job.job_id,
-                status: StepStatus::of(ev.to_state),
-                version: ev.version,
-                reason: ev.reason,
-            }
-        } else if was_ended && !ev.to_state.is_terminal() {
-            Command::StepReopened {
-                step: link.step.clone(),
-                job_id: job.job_id,
-                previous: StepStatus::of(ev.from_state.expect("was ended")),
-                version: ev.version,
-            }
-        } else {
-            continue;
-        };
-        let then = match command {
-            Command::StepFinished { .. } => link.then.clone(),
-            _ => vec![],
-        };
-        out.push(Note {
-            parent: link.parent,
-            command,
-            then,
-        });
-    }
-    out
-}
-
-/// Everything that follows the committed edges in `first`, in the same
-/// transaction, until nothing more follows: each finished or reopened step
-/// is counted by its parent, then the steps waiting for a finished one are
-/// released, cancelled or held, and their own ends are counted in turn.
-pub(crate) async fn follow(conn: &mut PgConnection, first: &[WriteResult]) -> LedgerResult<()> {
-    let mut pending = notes(first);
-    while !pending.is_empty() {
-        // One note per parent per round: two notes are two versions.
-        let (mut round, mut later) = (vec![], vec![]);
-        let mut seen = HashSet::new();
-        for n in pending {
-            if seen.insert(n.parent) {
-                round.push(n);
-            } else {
-                later.push(n);
-            }
-        }
-        round.sort_by_key(|n| n.parent);
-        let ids: Vec<Uuid> = round.iter().map(|n| n.parent).collect();
-        let mut parents: HashMap<Uuid, (Job, chrono::DateTime<chrono::Utc>)> =
-            engine::to_jobs(jobs::lock_jobs(conn, &ids).await?)?
-                .into_iter()
-                .map(|(j, now)| (j.job_id, (j, now)))
-                .collect();
-        let mut decided = Vec::with_capacity(round.len());
-        for n in &round {
-            // A purged parent has nobody left to count for: its steps ended.
-            let Some((job, now)) = parents.remove(&n.parent) else { continue };
-            let d = decide(&job, &n.command, &engine::ctx(now, "workflow"));
-            decided.push((job, d));
-        }
-        for w in engine::write_wave(conn, decided).await? {
-            if !w.committed() {
-                return Err(StoreError::Corrupt(format!(
-                    "workflow {} refused a step's edge: {}",
-                    w.job_id,
-                    w.detail.unwrap_or_default()
-                ))
-                .into());
-            }
-            if let Some(parent) = &w.job {
-                fan_in_if_due(conn, parent).await?;
-            }
-        }
-        let mut dependents: Vec<Uuid> = round.into_iter().flat_map(|n| n.then).collect();
-        dependents.sort();
-        dependents.dedup();
-        if !dependents.is_empty() {
-            later.extend(notes(&resolve(conn, &dependents).await?));
-        }
-        pending = later;
-    }
-    Ok(())
-}
-
-/// Decides every waiting step in `ids` on its prerequisites' states now.
-async fn resolve(conn: &mut PgConnection, ids: &[Uuid]) -> LedgerResult<Vec<WriteResult>> {
-    let waiting: Vec<(Job, chrono::DateTime<chrono::Utc>)> = engine::to_jobs(jobs::lock_jobs(conn, ids).await?)?
-        .into_iter()
-        .filter(|(j, _)| j.state == JobState::Waiting)
-        .collect();
-    let mut wanted: Vec<Uuid> = waiting
-        .iter()
-        .filter_map(|(j, _)| match &j.workflow {
-            Some(Membership::Step(l)) => Some(l.after.iter().map(|r| r.job_id)),
-            _ => None,
-        })
-        .flatten()
-        .collect();
-    wanted.sort();
-    wanted.dedup();
-    let mut states = HashMap::new();
-    for (id, s) in workflows::states_of(&mut *conn, &wanted).await? {
-        let s = JobState::parse(&s).ok_or_else(|| StoreError::Corrupt(format!("state {s:?} of {id}")))?;
-        states.insert(id, s);
-    }
-    let mut decided = Vec::with_capacity(waiting.len());
-    for (job, now) in waiting {
-        let Some(Membership::Step(l)) = &job.workflow else { continue };
-        let prerequisites = l
-            .after
-            .iter()
-            .map(|r| {
-                let s = states.get(&r.job_id).copied().ok_or_else(|| {
-                    StoreError::Corrupt(format!("prerequisite {} of step {} is gone", r.job_id, job.job_id))
-                })?;
-                Ok((r.step.clone(), s))
-            })
-            .collect::<Result<Vec<_>, StoreError>>()?;
-        let d = decide(&job, &Command::Resolve { prerequisites }, &engine::ctx(now, "workflow"));
-        decided.push((job, d));
-    }
-    // A step still waiting for another prerequisite is refused here, which
-    // is no news: only what was written counts.
-    Ok(engine::write_wave(conn, decided)
-        .await?
-        .into_iter()
-        .filter(WriteResult::committed)
-        .collect())
-}
-
-/// Creates the fan-in step when every other step of `parent` has ended: in
-/// this same transaction, under the parent's lock, once (a step replayed
-/// after the fan-in was created does not create it again).
-async fn fan_in_if_due(conn: &mut PgConnection, parent: &Job) -> LedgerResult<()> {
-    let Some(Membership::Parent { fan_in: Some(f), .. }) = &parent.workflow else {
-        return Ok(());
-    };
-    let open = Tally::from_value(parent.result.as_ref()).map_or(0, |t| t.open);
-    if open != 1 || !workflows::states_of(&mut *conn, &[f.job_id]).await?.is_empty() {
-        return Ok(());
-    }
-    let mut summary = serde_json::Map::new();
-    for row in workflows::steps_of(&mut *conn, parent.job_id).await? {
-        let job = Job::try_from(row)?;
-        if let Some(Membership::Step(l)) = &job.workflow {
-            summary.insert(
-                l.step.clone(),
-                serde_json::json!({ "job_id": job.job_id, "state": job.state, "reason": job.reason }),
-            );
-        }
-    }
-    let new = NewJob {
-        queue: f.queue.clone(),
-        kind: f.kind.clone(),
-        job_key: None,
-        payload: serde_json::json!({ "workflow": parent.job_id, "steps": summary }),
-        priority: f.priority,
-        run_at: None,
-        delay_ms: None,
-        policy: f.policy.clone(),
-    };
-    let tie = WorkflowTie::Step(StepLink {
-        parent: parent.job_id,
-        step: f.step.clone(),
-        after: vec![],
-        then: vec![],
-        on_dependency_failure: DependencyPolicy::Run,
-    });
-    super::enqueue::insert_drafts(conn, vec![(new, Some((f.job_id, tie)))], None).await?;
-    Ok(())
 }

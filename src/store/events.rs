@@ -47,7 +47,9 @@ pub async fn job_events<'e>(exec: impl PgExecutor<'e>, job_id: Uuid) -> StoreRes
 
 /// The events of several jobs (a workflow's steps), in log order.
 pub async fn events_of<'e>(exec: impl PgExecutor<'e>, ids: &[Uuid]) -> StoreResult<Vec<EventRow>> {
-    let sql = format!("SELECT position, {EVENT_COLUMNS} FROM jobledger.events WHERE job_id = ANY($1) ORDER BY position");
+    let sql = format!(
+        "SELECT position, {EVENT_COLUMNS} FROM jobledger.events WHERE job_id = ANY($1) ORDER BY position"
+    );
     Ok(sqlx::query_as(&sql).bind(ids).fetch_all(exec).await?)
 }
 
@@ -160,8 +162,14 @@ pub async fn projection_rows<'e>(
     job: Option<Uuid>,
 ) -> StoreResult<Vec<serde_json::Value>> {
     let quoted = format!("jobledger_proj.\"{}\"", view.replace('"', "\"\""));
+    // `workflows` answers a whole tree for the parent's id.
+    let column = if view == "workflows" {
+        "workflow_id"
+    } else {
+        "job_id"
+    };
     let sql = match job {
-        Some(_) => format!("SELECT to_jsonb(v) FROM {quoted} v WHERE v.job_id = $1 ORDER BY 1 LIMIT 10000"),
+        Some(_) => format!("SELECT to_jsonb(v) FROM {quoted} v WHERE v.{column} = $1 ORDER BY 1 LIMIT 10000"),
         None => format!("SELECT to_jsonb(v) FROM {quoted} v ORDER BY 1 LIMIT 10000"),
     };
     let q = sqlx::query_scalar(&sql);

@@ -238,10 +238,7 @@ pub async fn oldest_open_age<'e>(exec: impl PgExecutor<'e>) -> StoreResult<Vec<(
 
 /// `(job_id, queue, job_key)` of live or purged jobs: what the relay puts in
 /// a message's key and body.
-pub async fn job_keys<'e>(
-    exec: impl PgExecutor<'e>,
-    ids: &[Uuid],
-) -> StoreResult<Vec<JobKeys>> {
+pub async fn job_keys<'e>(exec: impl PgExecutor<'e>, ids: &[Uuid]) -> StoreResult<Vec<JobKeys>> {
     // A purged step's tie is read from its first event (tombstones keep none).
     Ok(sqlx::query_as(
         "SELECT job_id, queue, job_key, workflow ->> 'parent' AS parent, workflow ->> 'step' AS step \

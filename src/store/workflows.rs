@@ -14,7 +14,10 @@ pub async fn steps_of<'e>(exec: impl PgExecutor<'e>, parent: Uuid) -> StoreResul
          WHERE workflow ->> 'role' = 'step' AND workflow ->> 'parent' = $1 \
          ORDER BY workflow ->> 'step'"
     );
-    Ok(sqlx::query_as(&sql).bind(parent.to_string()).fetch_all(exec).await?)
+    Ok(sqlx::query_as(&sql)
+        .bind(parent.to_string())
+        .fetch_all(exec)
+        .await?)
 }
 
 /// The state of each job in `ids`, from the projection or, for a purged

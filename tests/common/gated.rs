@@ -27,7 +27,9 @@ pub struct Gate {
 
 impl Gate {
     pub async fn wait_held(&mut self) {
-        super::within("the gated read", self.held.recv()).await.expect("gate");
+        super::within("the gated read", self.held.recv())
+            .await
+            .expect("gate");
     }
     pub async fn release(&self) {
         self.open.send(()).await.expect("gate");
@@ -49,11 +51,18 @@ pub fn gated(inner: &LogReader, at: Checkpoint, pass: usize) -> (GatedLog<'_>, G
 }
 
 impl LogSource for GatedLog<'_> {
-    fn read(&self, after: Checkpoint, limit: i64) -> BoxFuture<'_, Result<(Vec<Event>, Checkpoint), ProjectionError>> {
+    fn read(
+        &self,
+        after: Checkpoint,
+        limit: i64,
+    ) -> BoxFuture<'_, Result<(Vec<Event>, Checkpoint), ProjectionError>> {
         Box::pin(async move {
             let out = LogSource::read(self.inner, after, limit).await?;
             let left = (after == self.at)
-                .then(|| self.pass.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)))
+                .then(|| {
+                    self.pass
+                        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                })
                 .and_then(Result::ok);
             if left == Some(1) {
                 self.read_done.send(()).await.expect("the test waits");

@@ -7,6 +7,7 @@ pub mod counting;
 pub mod gated;
 pub mod kafka;
 pub mod workers;
+pub mod workflows;
 
 use jobledger::domain::{NewJob, Policy};
 use jobledger::ledger::{Lease, Ledger};
