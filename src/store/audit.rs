@@ -62,7 +62,8 @@ pub async fn token_regressions<'e>(exec: impl PgExecutor<'e>) -> StoreResult<Vec
 }
 
 /// Every job's key, state, epoch and result, with the token of the event
-/// that made it succeed (if it did).
+/// that made it succeed (if it did). Workflow parents are left out: they
+/// never run, their state is their steps'.
 pub async fn outcomes<'e>(
     exec: impl PgExecutor<'e>,
 ) -> StoreResult<Vec<(Uuid, Option<String>, String, i64, Option<i64>, Option<Value>)>> {
@@ -70,7 +71,7 @@ pub async fn outcomes<'e>(
         "SELECT j.job_id, j.job_key, j.state, j.epoch, \
                 (SELECT e.token FROM jobledger.events e WHERE e.job_id = j.job_id \
                    AND e.to_state = 'succeeded' ORDER BY e.version LIMIT 1), j.result \
-         FROM jobledger.jobs j ORDER BY j.job_id",
+         FROM jobledger.jobs j WHERE j.workflow ->> 'role' IS DISTINCT FROM 'parent' ORDER BY j.job_id",
     )
     .fetch_all(exec)
     .await?)
@@ -105,4 +106,59 @@ pub async fn count_reason<'e>(exec: impl PgExecutor<'e>, reason: &str) -> StoreR
             .fetch_one(exec)
             .await?,
     )
+}
+
+/// Workflow parents whose state is not the rule table (docs/state-machine.md)
+/// over their steps' states now, or that do not have their number of steps:
+/// `(parent, state, the table's answer)`. The table is written here again,
+/// in SQL, independently of `domain::workflow::parent_state`.
+pub async fn parents_off_the_rule_table<'e>(exec: impl PgExecutor<'e>) -> StoreResult<Vec<(Uuid, String, String)>> {
+    Ok(sqlx::query_as(
+        "WITH s AS ( \
+           SELECT (workflow ->> 'parent')::uuid AS parent, count(*) AS n, \
+                  count(*) FILTER (WHERE state NOT IN ('succeeded', 'cancelled', 'dead')) AS open, \
+                  count(*) FILTER (WHERE state = 'cancelled') AS cancelled, \
+                  count(*) FILTER (WHERE state = 'dead') AS dead \
+           FROM jobledger.jobs WHERE workflow ->> 'role' = 'step' GROUP BY 1), \
+         t AS ( \
+           SELECT p.job_id, p.state, (p.workflow ->> 'steps')::bigint AS steps, coalesce(s.n, 0) AS n, \
+                  CASE WHEN s.open > 0 AND s.dead + s.cancelled = 0 THEN 'running' \
+                       WHEN s.open > 0 THEN 'failing' \
+                       WHEN s.dead > 0 THEN 'dead' \
+                       WHEN s.cancelled > 0 THEN 'cancelled' \
+                       ELSE 'succeeded' END AS expected \
+           FROM jobledger.jobs p LEFT JOIN s ON s.parent = p.job_id \
+           WHERE p.workflow ->> 'role' = 'parent') \
+         SELECT job_id, state, CASE WHEN steps <> n THEN format('%s of %s steps', n, steps) ELSE expected END \
+         FROM t WHERE state <> expected OR steps <> n ORDER BY job_id",
+    )
+    .fetch_all(exec)
+    .await?)
+}
+
+/// Workflow steps (policy `cancel` or `hold`) claimed before one of their
+/// prerequisites had succeeded: `(step, prerequisite's step name)`.
+pub async fn steps_run_before_prerequisites<'e>(exec: impl PgExecutor<'e>) -> StoreResult<Vec<(Uuid, String)>> {
+    Ok(sqlx::query_as(
+        "SELECT s.job_id, pre ->> 'step' FROM jobledger.jobs s \
+         CROSS JOIN LATERAL jsonb_array_elements(coalesce(s.workflow -> 'after', '[]')) pre \
+         WHERE s.workflow ->> 'role' = 'step' AND s.workflow ->> 'on_dependency_failure' <> 'run' \
+           AND EXISTS (SELECT 1 FROM jobledger.events c WHERE c.job_id = s.job_id AND c.type = 'claimed' \
+                         AND c.position < coalesce((SELECT min(ok.position) FROM jobledger.events ok \
+                                                    WHERE ok.job_id = (pre ->> 'job_id')::uuid \
+                                                      AND ok.to_state = 'succeeded'), 9223372036854775807)) \
+         ORDER BY 1",
+    )
+    .fetch_all(exec)
+    .await?)
+}
+
+/// How many workflows and workflow steps the log holds.
+pub async fn workflow_counts<'e>(exec: impl PgExecutor<'e>) -> StoreResult<(i64, i64)> {
+    Ok(sqlx::query_as(
+        "SELECT count(*) FILTER (WHERE workflow ->> 'role' = 'parent'), \
+                count(*) FILTER (WHERE workflow ->> 'role' = 'step') FROM jobledger.jobs",
+    )
+    .fetch_one(exec)
+    .await?)
 }

@@ -27,6 +27,8 @@ pub struct Report {
     pub takeovers: i64,
     pub rejected_writes: BTreeMap<String, i64>,
     pub reconciled_successes: u64,
+    pub workflows: i64,
+    pub workflow_steps: i64,
     pub executed_not_succeeded_after_lost_answer: u64,
     pub provider: ProviderStats,
     pub kafka: BTreeMap<String, u64>,
@@ -202,6 +204,15 @@ pub async fn ledger_invariants(ledger: &Ledger, enqueued: &[Enqueued], r: &mut R
     );
     r.check("nothing lost: the enqueued jobs are exactly the jobs", &lost);
 
+    (r.workflows, r.workflow_steps) = audit::workflow_counts(pool).await?;
+    r.check(
+        "every workflow's state is the rule table over its steps",
+        &audit::parents_off_the_rule_table(pool).await?,
+    );
+    r.check(
+        "no workflow step ran before its prerequisites succeeded",
+        &audit::steps_run_before_prerequisites(pool).await?,
+    );
     let verify = ledger.verify(None).await?;
     r.check("verify: hash chains and replay = jobs", &verify.problems);
     let reader = LogReader::open(pool.clone(), "chaos-check").await?;

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use uuid::Uuid;
 
 use super::{procs, Cluster, Plan, QUEUE};
+use jobledger::domain::workflow::{DependencyPolicy, StepSpec, WorkflowSpec};
 use jobledger::domain::{NewJob, Policy};
 use jobledger::ledger::Ledger;
 
@@ -53,9 +54,42 @@ fn new_job(i: usize) -> NewJob {
     }
 }
 
+/// Jobs `i..i+3` of every 30 are the steps of one workflow, a chain: 10 % of
+/// the refunds run in workflows (parent kind `refund_batch`, key `wf-<i>`).
+fn workflow_at(i: usize, jobs: usize) -> Option<WorkflowSpec> {
+    if i % 30 != 0 || i + 3 > jobs {
+        return None;
+    }
+    let steps = (i..i + 3)
+        .map(|j| {
+            let n = new_job(j);
+            StepSpec {
+                name: format!("s{}", j - i),
+                queue: None,
+                kind: n.kind,
+                key: n.job_key,
+                payload: n.payload,
+                after: if j == i { vec![] } else { vec![format!("s{}", j - i - 1)] },
+                on_dependency_failure: DependencyPolicy::Cancel,
+                priority: 0,
+                policy: n.policy,
+            }
+        })
+        .collect();
+    Some(WorkflowSpec {
+        queue: QUEUE.into(),
+        name: "refund_batch".into(),
+        key: Some(format!("wf-{i:06}")),
+        payload: json!({ "first": i }),
+        steps,
+        finally: None,
+    })
+}
+
 /// Enqueues `plan.jobs` over the window; an enqueue whose answer was lost
 /// (the database restarted) is simply repeated: the key makes it the same
-/// job. Cancels a few jobs at random moments, as an operator would.
+/// job (or workflow). Cancels a few jobs at random moments, as an operator
+/// would (a workflow's waiting step too; a parent refuses a plain cancel).
 async fn enqueue_all(ledger: Ledger, plan: Plan) -> (Vec<Enqueued>, u64, u64) {
     let mut rng = StdRng::seed_from_u64(plan.seed ^ 0xe9);
     let per_tick = plan.jobs.div_ceil((plan.window_s.max(1) * 10) as usize).max(1);
@@ -64,6 +98,23 @@ async fn enqueue_all(ledger: Ledger, plan: Plan) -> (Vec<Enqueued>, u64, u64) {
     for chunk in (0..plan.jobs).collect::<Vec<_>>().chunks(per_tick) {
         tick.tick().await;
         for &i in chunk {
+            if i % 30 < 3 && i - i % 30 + 3 <= plan.jobs {
+                if let Some(spec) = workflow_at(i, plan.jobs) {
+                    let c = loop {
+                        match ledger.workflow(&spec).await {
+                            Ok(c) => break c,
+                            Err(err) => {
+                                retries += 1;
+                                tracing::info!("chaos: workflow wf-{i:06} failed ({err}); repeating");
+                                tokio::time::sleep(Duration::from_millis(200)).await;
+                            }
+                        }
+                    };
+                    out.push(Enqueued { job_id: c.parent.job.job_id });
+                    out.extend(c.steps.iter().map(|(_, e)| Enqueued { job_id: e.job.job_id }));
+                }
+                continue;
+            }
             let new = new_job(i);
             let e = loop {
                 match ledger.enqueue(new.clone()).await {
