@@ -39,7 +39,7 @@ fn quick_chaos_run_keeps_every_promise() {
     let (code, r, stderr) = chaos(&[]);
     assert_eq!(r["violations"], serde_json::json!([]), "{stderr}");
     assert_eq!(code, 0, "{stderr}");
-    assert_eq!(r["checks"].as_array().unwrap().len(), 11);
+    assert_eq!(r["checks"].as_array().unwrap().len(), 13);
     let f = &r["faults"];
     for (fault, at_least) in [
         ("worker_kill9", 1),
@@ -58,8 +58,11 @@ fn quick_chaos_run_keeps_every_promise() {
         .values()
         .map(|v| v.as_i64().unwrap())
         .sum();
-    assert_eq!(jobs, 1000);
-    assert_eq!(r["jobs_enqueued"], 1000);
+    // Jobs 30k..30k+2 are the three steps of one workflow (issue 11): 34
+    // workflows, whose parents are jobs too.
+    assert_eq!((r["workflows"].as_i64(), r["workflow_steps"].as_i64()), (Some(34), Some(102)));
+    assert_eq!(jobs, 1034);
+    assert_eq!(r["jobs_enqueued"], 1034);
     assert!(r["kafka"]["messages"].as_u64().unwrap() >= r["events"].as_u64().unwrap());
     // The faults did what they are for: leases were taken over, the frozen
     // holders' late writes were refused, and successors reconciled with the
