@@ -138,18 +138,37 @@ async fn the_workflow_checks_find_a_parent_off_the_table_and_a_step_run_early() 
     use common::workflows::{finish_next, id_of, seed};
     use jobledger::domain::workflow::DependencyPolicy;
     let db = fresh().await;
-    let created = db.ledger.workflow(&seed("audit", DependencyPolicy::Cancel)).await.unwrap();
+    let created = db
+        .ledger
+        .workflow(&seed("audit", DependencyPolicy::Cancel))
+        .await
+        .unwrap();
     finish_next(&db, "render", true).await;
     let pool = db.ledger.pool();
     assert!(audit::parents_off_the_rule_table(pool).await.unwrap().is_empty());
-    assert!(audit::steps_run_before_prerequisites(pool).await.unwrap().is_empty());
+    assert!(audit::steps_run_before_prerequisites(pool)
+        .await
+        .unwrap()
+        .is_empty());
     assert_eq!(audit::workflow_counts(pool).await.unwrap(), (1, 3));
-    assert!(audit::outcomes(pool).await.unwrap().iter().all(|o| o.0 != created.parent.job.job_id));
+    assert!(audit::outcomes(pool)
+        .await
+        .unwrap()
+        .iter()
+        .all(|o| o.0 != created.parent.job.job_id));
 
     let parent = created.parent.job.job_id;
-    forge(&db, "UPDATE jobledger.jobs SET state = 'succeeded' WHERE job_id = $1", parent).await;
+    forge(
+        &db,
+        "UPDATE jobledger.jobs SET state = 'succeeded' WHERE job_id = $1",
+        parent,
+    )
+    .await;
     let off = audit::parents_off_the_rule_table(pool).await.unwrap();
-    assert_eq!(off, vec![(parent, "succeeded".to_string(), "running".to_string())]);
+    assert_eq!(
+        off,
+        vec![(parent, "succeeded".to_string(), "running".to_string())]
+    );
 
     // publish claimed although review (its prerequisite) never succeeded.
     let publish = id_of(&created, "publish");

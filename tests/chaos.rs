@@ -60,7 +60,10 @@ fn quick_chaos_run_keeps_every_promise() {
         .sum();
     // Jobs 30k..30k+2 are the three steps of one workflow (issue 11): 34
     // workflows, whose parents are jobs too.
-    assert_eq!((r["workflows"].as_i64(), r["workflow_steps"].as_i64()), (Some(34), Some(102)));
+    assert_eq!(
+        (r["workflows"].as_i64(), r["workflow_steps"].as_i64()),
+        (Some(34), Some(102))
+    );
     assert_eq!(jobs, 1034);
     assert_eq!(r["jobs_enqueued"], 1034);
     assert!(r["kafka"]["messages"].as_u64().unwrap() >= r["events"].as_u64().unwrap());

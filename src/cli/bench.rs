@@ -40,7 +40,7 @@ fn job(queue: &str, i: usize) -> NewJob {
     }
 }
 
-fn report(workload: &str, jobs: usize, started: Instant, extra: serde_json::Value) {
+pub(crate) fn report(workload: &str, jobs: usize, started: Instant, extra: serde_json::Value) {
     let seconds = started.elapsed().as_secs_f64();
     let mut v = json!({ "workload": workload, "jobs": jobs, "seconds": (seconds * 1000.0).round() / 1000.0,
                         "jobs_per_s": (jobs as f64 / seconds).round() });
@@ -84,6 +84,9 @@ pub async fn run(args: BenchArgs) -> Result<i32> {
         }
         if wants("rebuild") {
             rebuild_rate(&ledger, args.history_events).await?;
+        }
+        if wants("workflows") {
+            super::bench_workflows::workflows(&ledger, 1000).await?;
         }
         if wants("w3-history") {
             history(&ledger, args.history_events).await?;
@@ -143,7 +146,7 @@ async fn w2(ledger: &Ledger, queue: &str, n: usize) -> Result<()> {
     Ok(())
 }
 
-async fn enqueue_batched(ledger: &Ledger, queue: &str, n: usize) -> Result<()> {
+pub(crate) async fn enqueue_batched(ledger: &Ledger, queue: &str, n: usize) -> Result<()> {
     let chunks: Vec<Vec<usize>> = (0..n)
         .collect::<Vec<_>>()
         .chunks(1000)
@@ -171,7 +174,12 @@ async fn enqueue_batched(ledger: &Ledger, queue: &str, n: usize) -> Result<()> {
     Ok(())
 }
 
-fn noop_worker(ledger: &Ledger, queue: &str, concurrency: usize, prefetch: Option<usize>) -> Result<Worker> {
+pub(crate) fn noop_worker(
+    ledger: &Ledger,
+    queue: &str,
+    concurrency: usize,
+    prefetch: Option<usize>,
+) -> Result<Worker> {
     Ok(Worker::builder(ledger.clone())
         .name("bench")
         .queue(queue)
@@ -184,7 +192,7 @@ fn noop_worker(ledger: &Ledger, queue: &str, concurrency: usize, prefetch: Optio
 }
 
 /// Runs `worker` until it has completed `n` jobs; returns how long it took.
-async fn drain(worker: Worker, n: usize) -> Result<Duration> {
+pub(crate) async fn drain(worker: Worker, n: usize) -> Result<Duration> {
     let stop = CancellationToken::new();
     let started = Instant::now();
     let run = tokio::spawn({

@@ -1,5 +1,6 @@
 pub mod args;
 pub mod bench;
+pub mod bench_workflows;
 pub mod chaos;
 pub mod consume;
 pub mod demo;

@@ -67,54 +67,82 @@ fn notes(results: &[WriteResult]) -> Vec<Note> {
 /// is counted by its parent, then the steps waiting for a finished one are
 /// released, cancelled or held, and their own ends are counted in turn.
 pub(crate) async fn follow(conn: &mut PgConnection, first: &[WriteResult]) -> LedgerResult<()> {
+    // Parents this transaction holds, as they are after its own writes: a
+    // parent is locked once, however many of its steps end here.
+    let mut held: HashMap<Uuid, (Job, chrono::DateTime<chrono::Utc>)> = HashMap::new();
     let mut pending = notes(first);
     while !pending.is_empty() {
-        // One note per parent per round: two notes are two versions.
-        let (mut round, mut later) = (vec![], vec![]);
-        let mut seen = HashSet::new();
-        for n in pending {
-            if seen.insert(n.parent) {
-                round.push(n);
-            } else {
-                later.push(n);
+        // Every parent counts its steps first (one note per parent per
+        // round: two notes are two versions); the steps waiting for them
+        // are then decided once, on the states after all those ends (eight
+        // branches of a fan-out ending in one batch release the join once).
+        let mut dependents: Vec<Uuid> = vec![];
+        while !pending.is_empty() {
+            let (mut round, mut later) = (vec![], vec![]);
+            let mut seen = HashSet::new();
+            for n in pending {
+                if seen.insert(n.parent) {
+                    round.push(n);
+                } else {
+                    later.push(n);
+                }
             }
+            count_round(conn, &mut held, &round).await?;
+            dependents.extend(round.into_iter().flat_map(|n| n.then));
+            pending = later;
         }
-        round.sort_by_key(|n| n.parent);
-        let ids: Vec<Uuid> = round.iter().map(|n| n.parent).collect();
-        let mut parents: HashMap<Uuid, (Job, chrono::DateTime<chrono::Utc>)> =
-            engine::to_jobs(jobs::lock_jobs(conn, &ids).await?)?
-                .into_iter()
-                .map(|(j, now)| (j.job_id, (j, now)))
-                .collect();
-        let mut decided = Vec::with_capacity(round.len());
-        for n in &round {
-            // A purged parent has nobody left to count for: its steps ended.
-            let Some((job, now)) = parents.remove(&n.parent) else {
-                continue;
-            };
-            let d = decide(&job, &n.command, &engine::ctx(now, "workflow"));
-            decided.push((job, d));
-        }
-        for w in engine::write_wave(conn, decided).await? {
-            if !w.committed() {
-                return Err(StoreError::Corrupt(format!(
-                    "workflow {} refused a step's edge: {}",
-                    w.job_id,
-                    w.detail.unwrap_or_default()
-                ))
-                .into());
-            }
-            if let Some(parent) = &w.job {
-                fan_in_if_due(conn, parent).await?;
-            }
-        }
-        let mut dependents: Vec<Uuid> = round.into_iter().flat_map(|n| n.then).collect();
         dependents.sort();
         dependents.dedup();
         if !dependents.is_empty() {
-            later.extend(notes(&resolve(conn, &dependents).await?));
+            pending = notes(&resolve(conn, &dependents).await?);
         }
-        pending = later;
+    }
+    Ok(())
+}
+
+/// Each note's parent counts it (at most one note per parent).
+async fn count_round(
+    conn: &mut PgConnection,
+    held: &mut HashMap<Uuid, (Job, chrono::DateTime<chrono::Utc>)>,
+    round: &[Note],
+) -> LedgerResult<()> {
+    let mut new: Vec<Uuid> = round
+        .iter()
+        .map(|n| n.parent)
+        .filter(|p| !held.contains_key(p))
+        .collect();
+    new.sort();
+    if !new.is_empty() {
+        for (j, now) in engine::to_jobs(jobs::lock_jobs(conn, &new).await?)? {
+            held.insert(j.job_id, (j, now));
+        }
+    }
+    let mut decided = Vec::with_capacity(round.len());
+    for n in round {
+        // A purged parent has nobody left to count for: its steps ended.
+        let Some((job, now)) = held.get(&n.parent) else {
+            continue;
+        };
+        let d = decide(job, &n.command, &engine::ctx(*now, "workflow"));
+        decided.push((job.clone(), d));
+    }
+    for w in engine::write_wave(conn, decided).await? {
+        if !w.committed() {
+            return Err(StoreError::Corrupt(format!(
+                "workflow {} refused a step's edge: {}",
+                w.job_id,
+                w.detail.unwrap_or_default()
+            ))
+            .into());
+        }
+        if let Some(parent) = w.job {
+            fan_in_if_due(conn, &parent).await?;
+            let now = held
+                .get(&parent.job_id)
+                .map(|(_, t)| *t)
+                .unwrap_or_else(chrono::Utc::now);
+            held.insert(parent.job_id, (parent, now));
+        }
     }
     Ok(())
 }

@@ -112,7 +112,9 @@ pub async fn count_reason<'e>(exec: impl PgExecutor<'e>, reason: &str) -> StoreR
 /// over their steps' states now, or that do not have their number of steps:
 /// `(parent, state, the table's answer)`. The table is written here again,
 /// in SQL, independently of `domain::workflow::parent_state`.
-pub async fn parents_off_the_rule_table<'e>(exec: impl PgExecutor<'e>) -> StoreResult<Vec<(Uuid, String, String)>> {
+pub async fn parents_off_the_rule_table<'e>(
+    exec: impl PgExecutor<'e>,
+) -> StoreResult<Vec<(Uuid, String, String)>> {
     Ok(sqlx::query_as(
         "WITH s AS ( \
            SELECT (workflow ->> 'parent')::uuid AS parent, count(*) AS n, \
@@ -138,7 +140,9 @@ pub async fn parents_off_the_rule_table<'e>(exec: impl PgExecutor<'e>) -> StoreR
 
 /// Workflow steps (policy `cancel` or `hold`) claimed before one of their
 /// prerequisites had succeeded: `(step, prerequisite's step name)`.
-pub async fn steps_run_before_prerequisites<'e>(exec: impl PgExecutor<'e>) -> StoreResult<Vec<(Uuid, String)>> {
+pub async fn steps_run_before_prerequisites<'e>(
+    exec: impl PgExecutor<'e>,
+) -> StoreResult<Vec<(Uuid, String)>> {
     Ok(sqlx::query_as(
         "SELECT s.job_id, pre ->> 'step' FROM jobledger.jobs s \
          CROSS JOIN LATERAL jsonb_array_elements(coalesce(s.workflow -> 'after', '[]')) pre \

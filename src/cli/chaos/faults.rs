@@ -69,7 +69,11 @@ fn workflow_at(i: usize, jobs: usize) -> Option<WorkflowSpec> {
                 kind: n.kind,
                 key: n.job_key,
                 payload: n.payload,
-                after: if j == i { vec![] } else { vec![format!("s{}", j - i - 1)] },
+                after: if j == i {
+                    vec![]
+                } else {
+                    vec![format!("s{}", j - i - 1)]
+                },
                 on_dependency_failure: DependencyPolicy::Cancel,
                 priority: 0,
                 policy: n.policy,
@@ -110,7 +114,9 @@ async fn enqueue_all(ledger: Ledger, plan: Plan) -> (Vec<Enqueued>, u64, u64) {
                             }
                         }
                     };
-                    out.push(Enqueued { job_id: c.parent.job.job_id });
+                    out.push(Enqueued {
+                        job_id: c.parent.job.job_id,
+                    });
                     out.extend(c.steps.iter().map(|(_, e)| Enqueued { job_id: e.job.job_id }));
                 }
                 continue;
