@@ -278,3 +278,71 @@ async fn the_log_order_and_the_key_floors_are_the_databases_alone() {
     ));
     db.assert_verified().await;
 }
+
+/// Appends, as `jobledger_worker` and in one transaction, forged
+/// `observed` events (queued → queued) after the job's last version, each
+/// linked to the one before, then runs `row_update` on the job's row.
+/// Answers the SQLSTATE the transaction fails with (`None`: it committed).
+async fn forged_events_then(db: &common::TestDb, job: uuid::Uuid, events: i64, row_update: &str) -> Option<String> {
+    let mut sql = String::from("BEGIN; ");
+    for n in 1..=events {
+        let prev = if n == 1 {
+            "last_hash".to_string()
+        } else {
+            format!("'forged-{}'", n - 1)
+        };
+        sql += &format!(
+            "INSERT INTO jobledger.events (job_id, version, type, from_state, to_state, reason, actor, epoch, token, \
+               attempt, run, data, recorded_at, prev_hash, hash) \
+             SELECT job_id, version + {n}, 'observed', state, state, 'observation', 'mallory', epoch, token, attempt, \
+               run, '{{\"key\": \"x{n}\", \"data\": {{}}, \"digest\": \"d\"}}', clock_timestamp(), {prev}, 'forged-{n}' \
+             FROM jobledger.jobs WHERE job_id = '{job}'; "
+        );
+    }
+    sql += &format!(
+        "UPDATE jobledger.jobs j SET version = e.version, last_hash = e.hash, updated_at = e.recorded_at, \
+           reason = e.reason, {row_update} \
+         FROM jobledger.events e WHERE j.job_id = '{job}' AND e.job_id = j.job_id AND e.version = j.version + {events}; \
+         COMMIT;"
+    );
+    let mut conn = sqlx::PgConnection::connect(&as_role(&db.url, "jobledger_worker"))
+        .await
+        .unwrap();
+    let r = sqlx::raw_sql(&sql).execute(&mut conn).await;
+    r.err().map(|e| {
+        e.as_database_error()
+            .and_then(|d| d.code())
+            .map(|c| c.to_string())
+            .unwrap_or_else(|| e.to_string())
+    })
+}
+
+/// `jobs_need_event` compares the row's state with its event's `to_state`:
+/// a row written next to an event that matches it in everything else
+/// (version, hash, reason, time, token, from-state) but says the job stayed
+/// queued cannot mark the job succeeded.
+#[tokio::test]
+async fn a_row_cannot_take_a_state_its_event_does_not_name() {
+    let db = fresh().await;
+    let job = db.enqueue(Some("k"), json!({})).await;
+    let code = forged_events_then(&db, job.job_id, 1, "state = 'succeeded'").await;
+    assert_eq!(code.as_deref(), Some(jobledger::store::ROW_WITHOUT_EVENT));
+    // The control: the same forgery with the event's own state is accepted
+    // by the trigger, so the refusal above is the state's alone.
+    let code = forged_events_then(&db, job.job_id, 1, "state = e.to_state").await;
+    assert_eq!(code, None, "a row matching its event is accepted");
+    let j = db.job(job.job_id).await;
+    assert_eq!((j.state, j.version), (jobledger::domain::JobState::Queued, 2));
+}
+
+/// `jobs_update_shape`: one update, one version. Two linked events appended
+/// in the same transaction do not let the row skip from v1 to v3.
+#[tokio::test]
+async fn a_row_update_moves_the_version_by_exactly_one() {
+    let db = fresh().await;
+    let job = db.enqueue(Some("k"), json!({})).await;
+    let code = forged_events_then(&db, job.job_id, 2, "state = e.to_state").await;
+    assert_eq!(code.as_deref(), Some(jobledger::store::ROW_WITHOUT_EVENT));
+    assert_eq!(db.count("SELECT count(*) FROM jobledger.events").await, 1, "nothing kept");
+    assert_eq!(db.job(job.job_id).await.version, 1);
+}
