@@ -447,3 +447,86 @@ async fn operator_replay() {
     );
     db.assert_verified().await;
 }
+
+/// The payload limit is 1 MiB of canonical JSON, inclusive: a payload of
+/// exactly 1 048 576 bytes is stored, one byte more is refused and writes
+/// nothing.
+#[tokio::test]
+async fn a_payload_of_exactly_one_mib_is_stored_and_one_byte_more_is_refused() {
+    let db = fresh().await;
+    let limit = 1024 * 1024;
+    // `{"p":"…"}`: 8 bytes around the string.
+    let payload = |n: usize| json!({ "p": "x".repeat(n - 8) });
+    let over = db.ledger.enqueue(new_job("q", None, payload(limit + 1))).await;
+    assert!(
+        matches!(over, Err(LedgerError::TooLarge { size, limit: l }) if size == limit + 1 && l == limit),
+        "{:?}",
+        over.map(|e| e.job.job_id)
+    );
+    assert_eq!(db.count("SELECT count(*) FROM jobledger.events").await, 0, "nothing written");
+    let at = db.ledger.enqueue(new_job("q", None, payload(limit))).await.expect("1 MiB is allowed");
+    assert!(at.created);
+}
+
+/// The backoff is capped: with base = cap = 1 s, the third transient
+/// failure (nominally 4 s) is retried at most 1 s after it.
+#[tokio::test]
+async fn backoff_never_exceeds_its_cap() {
+    let db = fresh().await;
+    let job = db
+        .enqueue_with(Policy {
+            max_attempts: 10,
+            backoff_base_ms: 1_000,
+            backoff_cap_ms: 1_000,
+            ..Policy::default()
+        })
+        .await;
+    for attempt in 1..=3 {
+        let l = db.claim_one("w").await;
+        assert_eq!(l.job().unwrap().attempt, attempt);
+        assert!(l
+            .fail(ErrorClass::Transient, "timeout", None)
+            .await
+            .unwrap()
+            .committed());
+        let j = db.job(job.job_id).await;
+        let wait = (j.run_at - j.updated_at).num_milliseconds();
+        assert!((500..=1_000).contains(&wait), "attempt {attempt}: retry in {wait} ms");
+        db.make_due(job.job_id).await;
+    }
+}
+
+/// `replay --since`: a dead job that died before the range is not replayed
+/// (the range's lower bound counts, not only its upper one).
+#[tokio::test]
+async fn a_batch_replay_leaves_jobs_that_died_before_its_range() {
+    let db = fresh().await;
+    let job = db.enqueue(None, json!({})).await;
+    let l = db.claim_one("w").await;
+    assert!(l
+        .fail(ErrorClass::Permanent, "bad_request", None)
+        .await
+        .unwrap()
+        .committed());
+    let died = db.job(job.job_id).await.updated_at;
+    let after: chrono::DateTime<Utc> = sqlx::query_scalar("SELECT clock_timestamp()")
+        .fetch_one(db.ledger.pool())
+        .await
+        .unwrap();
+    assert!(after > died);
+    let later = db
+        .ledger
+        .replay_batch("permanent_error", after, after + chrono::Duration::hours(1), "bob", "x")
+        .await
+        .unwrap();
+    assert!(later.is_empty(), "died before the range: {later:?}");
+    assert_eq!(db.state_of(job.job_id).await, JobState::Dead);
+    // The control: a range that holds the death replays it.
+    let holding = db
+        .ledger
+        .replay_batch("permanent_error", died, after, "bob", "x")
+        .await
+        .unwrap();
+    assert_eq!(holding.len(), 1);
+    assert!(holding[0].committed());
+}
