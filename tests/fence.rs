@@ -518,3 +518,41 @@ async fn a_retried_fail_after_the_job_moved_on() {
     assert_eq!((j.state, j.version), (JobState::Succeeded, version + 1));
     db.assert_verified().await;
 }
+
+/// Scenario 2 for every fenced write, not only `complete`: once the lease
+/// expired and nobody took over, the holder's heartbeat, progress, submit,
+/// fail, snooze, release and confirm-cancel still commit.
+#[tokio::test]
+async fn expired_but_not_taken_over_every_fenced_write_still_commits() {
+    let db = fresh().await;
+    for op in ["heartbeat", "progress", "submit", "fail", "snooze", "release", "confirm_cancel"] {
+        let job = db.enqueue(None, json!({ "op": op })).await;
+        let (r, lease) = db
+            .ledger
+            .claim_job(job.job_id, "worker-a", Duration::from_secs(30))
+            .await
+            .unwrap();
+        assert!(r.committed(), "{op}: {r:?}");
+        let a = lease.unwrap();
+        if op == "confirm_cancel" {
+            assert!(db.ledger.cancel(job.job_id, None).await.unwrap().committed());
+        }
+        db.expire_lease(job.job_id).await;
+        let r = match op {
+            "heartbeat" => a.heartbeat(Duration::from_secs(30)).await,
+            "progress" => a.progress("step-1", None).await,
+            "submit" => a.submit("rcpt-1").await,
+            "fail" => a.fail(ErrorClass::Transient, "timeout", None).await,
+            "snooze" => a.snooze(Duration::from_secs(60)).await,
+            "release" => a.release().await,
+            _ => a.confirm_cancel().await,
+        }
+        .unwrap();
+        assert_eq!(r.outcome, Outcome::Committed, "{op}: {r:?}");
+    }
+    assert_eq!(
+        db.count("SELECT count(*) FROM jobledger.rejections").await,
+        0,
+        "nothing refused"
+    );
+}
