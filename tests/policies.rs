@@ -202,3 +202,41 @@ async fn release_and_snooze_keep_attempts() {
     assert_eq!(j.step.as_deref(), Some("uploaded-images"));
     // No verify here: the time-travel hooks edited the projection on purpose.
 }
+
+/// An expired lease under the `requeue` (or `dead`) policy is the
+/// sweeper's: neither a queue claim nor a targeted claim of the job takes
+/// it over (a takeover would reconcile, which the policy says not to).
+#[tokio::test]
+async fn only_a_reconcile_policy_lets_a_claim_take_over_an_expired_lease() {
+    for policy in [ExpiryPolicy::Requeue, ExpiryPolicy::Dead] {
+        let db = fresh().await;
+        let job = db
+            .enqueue_with(Policy {
+                on_lease_expiry: policy,
+                ..Policy::default()
+            })
+            .await;
+        let a = db.claim_one("worker-a").await;
+        assert_eq!(a.job_id(), job.job_id);
+        db.expire_lease(job.job_id).await;
+        db.claim_none("worker-b").await;
+        let (r, lease) = db
+            .ledger
+            .claim_job(job.job_id, "worker-b", Duration::from_secs(30))
+            .await
+            .unwrap();
+        assert_eq!(
+            (r.outcome, lease.is_none()),
+            (Outcome::InvalidTransition, true),
+            "{policy:?}: {r:?}"
+        );
+        let j = db.job(job.job_id).await;
+        assert_eq!(
+            (j.state, j.token, j.holder.as_deref()),
+            (JobState::Leased, 1, Some("worker-a")),
+            "{policy:?}"
+        );
+        // The sweeper ends it by the policy.
+        assert_eq!(db.ledger.sweep(10).await.unwrap().len(), 1);
+    }
+}
