@@ -525,7 +525,15 @@ async fn a_retried_fail_after_the_job_moved_on() {
 #[tokio::test]
 async fn expired_but_not_taken_over_every_fenced_write_still_commits() {
     let db = fresh().await;
-    for op in ["heartbeat", "progress", "submit", "fail", "snooze", "release", "confirm_cancel"] {
+    for op in [
+        "heartbeat",
+        "progress",
+        "submit",
+        "fail",
+        "snooze",
+        "release",
+        "confirm_cancel",
+    ] {
         let job = db.enqueue(None, json!({ "op": op })).await;
         let (r, lease) = db
             .ledger

@@ -482,27 +482,6 @@ async fn two_queues_sharing_a_job_key_do_not_share_a_fence() {
     relay.await.unwrap();
 }
 
-/// The key rule itself, for queue names the broker test above does not
-/// use: a queue that already contains the escape (`%2F`, `%25`) never
-/// shares a key with the queue whose `/` or `%` that escape stands for.
-#[test]
-fn message_keys_of_distinct_queue_and_key_pairs_are_distinct() {
-    use jobledger::relay::message::message_key;
-    let pairs = [
-        ("a/b", "x"),
-        ("a%2Fb", "x"),
-        ("a%252Fb", "x"),
-        ("a", "b/x"),
-        ("a%", "x"),
-        ("a%25", "x"),
-    ];
-    let keys: std::collections::HashSet<String> = pairs
-        .iter()
-        .map(|(q, k)| message_key(q, Some(k), &Uuid::nil()))
-        .collect();
-    assert_eq!(keys.len(), pairs.len(), "{keys:?}");
-}
-
 /// Issue 9 item 4: the audit copy is not behind the staleness fence. A
 /// job's events delivered v1, v3, v2 and v3 again are all recorded once and
 /// verify clean; a copy missing a version its job has later ones of is

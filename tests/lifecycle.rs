@@ -463,8 +463,16 @@ async fn a_payload_of_exactly_one_mib_is_stored_and_one_byte_more_is_refused() {
         "{:?}",
         over.map(|e| e.job.job_id)
     );
-    assert_eq!(db.count("SELECT count(*) FROM jobledger.events").await, 0, "nothing written");
-    let at = db.ledger.enqueue(new_job("q", None, payload(limit))).await.expect("1 MiB is allowed");
+    assert_eq!(
+        db.count("SELECT count(*) FROM jobledger.events").await,
+        0,
+        "nothing written"
+    );
+    let at = db
+        .ledger
+        .enqueue(new_job("q", None, payload(limit)))
+        .await
+        .expect("1 MiB is allowed");
     assert!(at.created);
 }
 
@@ -491,7 +499,10 @@ async fn backoff_never_exceeds_its_cap() {
             .committed());
         let j = db.job(job.job_id).await;
         let wait = (j.run_at - j.updated_at).num_milliseconds();
-        assert!((500..=1_000).contains(&wait), "attempt {attempt}: retry in {wait} ms");
+        assert!(
+            (500..=1_000).contains(&wait),
+            "attempt {attempt}: retry in {wait} ms"
+        );
         db.make_due(job.job_id).await;
     }
 }
@@ -516,7 +527,13 @@ async fn a_batch_replay_leaves_jobs_that_died_before_its_range() {
     assert!(after > died);
     let later = db
         .ledger
-        .replay_batch("permanent_error", after, after + chrono::Duration::hours(1), "bob", "x")
+        .replay_batch(
+            "permanent_error",
+            after,
+            after + chrono::Duration::hours(1),
+            "bob",
+            "x",
+        )
         .await
         .unwrap();
     assert!(later.is_empty(), "died before the range: {later:?}");

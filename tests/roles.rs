@@ -283,7 +283,12 @@ async fn the_log_order_and_the_key_floors_are_the_databases_alone() {
 /// `observed` events (queued → queued) after the job's last version, each
 /// linked to the one before, then runs `row_update` on the job's row.
 /// Answers the SQLSTATE the transaction fails with (`None`: it committed).
-async fn forged_events_then(db: &common::TestDb, job: uuid::Uuid, events: i64, row_update: &str) -> Option<String> {
+async fn forged_events_then(
+    db: &common::TestDb,
+    job: uuid::Uuid,
+    events: i64,
+    row_update: &str,
+) -> Option<String> {
     let mut sql = String::from("BEGIN; ");
     for n in 1..=events {
         let prev = if n == 1 {
@@ -343,6 +348,10 @@ async fn a_row_update_moves_the_version_by_exactly_one() {
     let job = db.enqueue(Some("k"), json!({})).await;
     let code = forged_events_then(&db, job.job_id, 2, "state = e.to_state").await;
     assert_eq!(code.as_deref(), Some(jobledger::store::ROW_WITHOUT_EVENT));
-    assert_eq!(db.count("SELECT count(*) FROM jobledger.events").await, 1, "nothing kept");
+    assert_eq!(
+        db.count("SELECT count(*) FROM jobledger.events").await,
+        1,
+        "nothing kept"
+    );
     assert_eq!(db.job(job.job_id).await.version, 1);
 }

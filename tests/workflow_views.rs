@@ -1,9 +1,10 @@
 //! Issue 11, the views on workflows: the CLI (`workflow create|show`,
-//! `show` of a step, `history PARENT`) and the `workflows` projection.
+//! `show` of a step, `history PARENT`), the `workflows` projection, and
+//! what `verify` checks of a parent and its steps.
 
 mod common;
 
-use common::workflows::{finish_next, seed};
+use common::workflows::{finish_next, id_of, seed};
 use common::{fresh, within};
 use jobledger::domain::workflow::DependencyPolicy;
 use jobledger::reader::LogReader;
@@ -145,4 +146,78 @@ async fn the_workflows_projection_serves_the_tree() {
     );
     assert_eq!(q.code, 0, "{}", q.stderr);
     assert_eq!(q.lines().len(), 4);
+}
+
+/// A forged parent event that claims a state the tally does not give is
+/// found by `verify`, which replays parents like any job.
+#[tokio::test]
+async fn verify_replays_the_parent_against_the_rule_table() {
+    let db = fresh().await;
+    let created = db
+        .ledger
+        .workflow(&seed("v", DependencyPolicy::Cancel))
+        .await
+        .unwrap();
+    let parent = created.parent.job.job_id;
+    finish_next(&db, "render", true).await;
+    db.assert_verified().await;
+    // As the superuser around the triggers: the parent's count says
+    // `succeeded` after one of three steps.
+    db.around_the_log(
+        "UPDATE jobledger.events SET to_state = 'succeeded' WHERE job_id = $1 AND type = 'step_finished'",
+        parent,
+    )
+    .await;
+    let report = db.ledger.verify(Some(parent)).await.unwrap();
+    assert!(!report.ok(), "the forged parent state is found");
+}
+
+/// Across streams: a parent that forgot to count a step, or counts an end
+/// its step's log does not have, is found by `verify` (each stream alone
+/// still replays).
+#[tokio::test]
+async fn verify_matches_each_parent_with_its_steps() {
+    let db = fresh().await;
+    let created = db
+        .ledger
+        .workflow(&seed("x", DependencyPolicy::Cancel))
+        .await
+        .unwrap();
+    let parent = created.parent.job.job_id;
+    finish_next(&db, "render", true).await;
+    db.assert_verified().await;
+    // The count names the step's v3 as dead; its log says succeeded.
+    db.around_the_log(
+        "UPDATE jobledger.events SET data = jsonb_set(data, '{status}', '\"dead\"') \
+         WHERE job_id = $1 AND type = 'step_finished'",
+        parent,
+    )
+    .await;
+    let report = db.ledger.verify(None).await.unwrap();
+    assert!(
+        report
+            .problems
+            .iter()
+            .any(|p| p.job_id == parent && p.detail.contains("its log says succeeded to succeeded")),
+        "{:?}",
+        report.problems
+    );
+    // A step's end that no parent event counts.
+    let render = id_of(&created, "render");
+    db.around_the_log(
+        "UPDATE jobledger.events SET data = jsonb_set(data, '{version}', '99') \
+         WHERE job_id = (SELECT (workflow ->> 'parent')::uuid FROM jobledger.jobs WHERE job_id = $1) \
+           AND type = 'step_finished'",
+        render,
+    )
+    .await;
+    let report = db.ledger.verify(Some(render)).await.unwrap();
+    assert!(
+        report
+            .problems
+            .iter()
+            .any(|p| p.job_id == render && p.detail.contains("is not counted by workflow")),
+        "{:?}",
+        report.problems
+    );
 }
