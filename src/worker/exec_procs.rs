@@ -80,6 +80,10 @@ pub struct Procs {
     forced: bool,
     tag: String,
     stopping: Stopping,
+    /// Test hook: sees every process of the command (pid, frozen) at the
+    /// instant between the freeze and the signals of a default-action stop.
+    #[cfg(test)]
+    before_kills: Option<Box<dyn FnMut(Vec<(i32, bool)>) + Send>>,
 }
 
 impl Procs {
@@ -92,6 +96,8 @@ impl Procs {
             forced: false,
             tag,
             stopping: Stopping::No,
+            #[cfg(test)]
+            before_kills: None,
         }
     }
 
@@ -112,6 +118,10 @@ impl Procs {
         if settled && matches!(term_disposition(top), Disposition::Default) {
             if !self.freeze() {
                 self.forced = true; // some process may still run: never confirmed
+            }
+            #[cfg(test)]
+            if let Some(h) = self.before_kills.as_mut() {
+                h(members(top, &self.tag).into_iter().map(|m| (m.pid, m.stopped)).collect());
             }
             let _ = kill(Pid::from_raw(top), Signal::SIGTERM);
             let _ = kill(Pid::from_raw(top), Signal::SIGCONT);
@@ -296,5 +306,43 @@ fn term_disposition(pid: i32) -> Disposition {
         Disposition::Handled
     } else {
         Disposition::Default
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::process::CommandExt;
+    use std::sync::{Arc, Mutex};
+
+    /// Issue 10: a command with SIGTERM's default action has every process
+    /// frozen before any of them is signalled, so none can act between the
+    /// stop and its kill (a later kill alone leaves that window open).
+    #[test]
+    fn a_default_action_stop_freezes_every_process_before_signalling() {
+        let tag = format!("freeze-test-{}", std::process::id());
+        let mut child = std::process::Command::new("sh")
+            .arg("-c")
+            .arg("sleep 30 & sleep 30 & wait")
+            .env(TAG_VAR, &tag)
+            .process_group(0)
+            .spawn()
+            .expect("sh");
+        let top = child.id() as i32;
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while members(top, &tag).len() < 3 {
+            assert!(std::time::Instant::now() < deadline, "the two sleeps start");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        let seen: Arc<Mutex<Vec<(i32, bool)>>> = Arc::default();
+        let mut procs = Procs::of(Some(top as u32), tag.clone());
+        let record = seen.clone();
+        procs.before_kills = Some(Box::new(move |m| *record.lock().unwrap() = m));
+        procs.stop();
+        let seen = seen.lock().unwrap().clone();
+        assert!(seen.len() >= 3, "the hook saw the command and its children: {seen:?}");
+        assert!(seen.iter().all(|(_, frozen)| *frozen), "every process frozen before any signal: {seen:?}");
+        let _ = child.wait();
+        assert_eq!(procs.stopping, Stopping::Frozen);
     }
 }
