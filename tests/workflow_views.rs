@@ -221,3 +221,47 @@ async fn verify_matches_each_parent_with_its_steps() {
         report.problems
     );
 }
+
+/// `queue_stats` version 2 counts the workflow states (version 1 left a
+/// waiting step or a running parent out of every column).
+#[tokio::test]
+async fn queue_stats_counts_waiting_steps_and_running_parents() {
+    use jobledger_projections::shipped::QueueStats;
+    let db = fresh().await;
+    db.ledger
+        .workflow(&seed("stats", DependencyPolicy::Cancel))
+        .await
+        .unwrap();
+    let reader = LogReader::source(db.ledger.pool().clone());
+    let runner = Runner::new(db.ledger.pool().clone(), &reader, 100).await.unwrap();
+    within("a catch-up", runner.catch_up(&[&QueueStats]))
+        .await
+        .unwrap();
+    let row: (i64, i64, i64, i64) = sqlx::query_as(
+        "SELECT queued, waiting, running, failing FROM jobledger_proj.queue_stats WHERE queue = 'q'",
+    )
+    .fetch_one(db.ledger.pool())
+    .await
+    .unwrap();
+    assert_eq!(
+        row,
+        (1, 2, 1, 0),
+        "render queued, review and publish waiting, the parent running"
+    );
+    finish_next(&db, "render", true).await;
+    finish_next(&db, "review", false).await;
+    within("a catch-up", runner.catch_up(&[&QueueStats]))
+        .await
+        .unwrap();
+    let row: (i64, i64, i64, i64, i64, i64) = sqlx::query_as(
+        "SELECT queued, waiting, running, succeeded, cancelled, dead FROM jobledger_proj.queue_stats WHERE queue = 'q'",
+    )
+    .fetch_one(db.ledger.pool())
+    .await
+    .unwrap();
+    assert_eq!(
+        row,
+        (0, 0, 0, 1, 1, 2),
+        "render, publish, review and the parent (dead)"
+    );
+}

@@ -66,7 +66,10 @@ impl Projection for JobTimeline {
 /// events change nothing.
 pub struct QueueStats;
 
-const STATES: [&str; 7] = [
+/// Version 2 (issue 11) adds the workflow states: a step `waiting` for its
+/// prerequisites, a parent `running` or `failing`. Version 1 did not count
+/// them; the runner rebuilds version 2 from position 0 beside it.
+const STATES: [&str; 10] = [
     "queued",
     "leased",
     "cancel_requested",
@@ -74,15 +77,26 @@ const STATES: [&str; 7] = [
     "succeeded",
     "cancelled",
     "dead",
+    "waiting",
+    "running",
+    "failing",
 ];
-const OPEN: [&str; 4] = ["queued", "leased", "cancel_requested", "awaiting_receipt"];
+/// Work not finished yet, for `oldest_pending_at` (a parent is no work of
+/// its own: its steps are).
+const OPEN: [&str; 5] = [
+    "queued",
+    "leased",
+    "cancel_requested",
+    "awaiting_receipt",
+    "waiting",
+];
 
 impl Projection for QueueStats {
     fn name(&self) -> &str {
         "queue_stats"
     }
     fn version(&self) -> i32 {
-        1
+        2
     }
     fn create<'a>(
         &'a self,
@@ -211,22 +225,20 @@ impl Projection for QueueStats {
                     .iter()
                     .map(|st| format!("{st} = {table}.{st} + EXCLUDED.{st}"))
                     .collect();
-                sqlx::query(&format!(
-                    "INSERT INTO {table} (queue, {cols}, takeovers) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) \
+                let slots: Vec<String> = (2..STATES.len() + 3).map(|i| format!("${i}")).collect();
+                let sql = format!(
+                    "INSERT INTO {table} (queue, {cols}, takeovers) VALUES ($1, {}) \
                      ON CONFLICT (queue) DO UPDATE SET {}, takeovers = {table}.takeovers + EXCLUDED.takeovers",
+                    slots.join(", "),
                     adds.join(", ")
-                ))
-                .bind(queue)
-                .bind(counts[0])
-                .bind(counts[1])
-                .bind(counts[2])
-                .bind(counts[3])
-                .bind(counts[4])
-                .bind(counts[5])
-                .bind(counts[6])
-                .bind(takeovers.get(queue).copied().unwrap_or(0))
-                .execute(&mut *tx)
-                .await?;
+                );
+                let mut q = sqlx::query(&sql).bind(queue);
+                for c in &counts {
+                    q = q.bind(*c);
+                }
+                q.bind(takeovers.get(queue).copied().unwrap_or(0))
+                    .execute(&mut *tx)
+                    .await?;
             }
             sqlx::query(&format!(
                 "UPDATE {table} t SET oldest_pending_at = (SELECT min(created_at) FROM {} j \

@@ -121,7 +121,10 @@ impl Procs {
             }
             #[cfg(test)]
             if let Some(h) = self.before_kills.as_mut() {
-                h(members(top, &self.tag).into_iter().map(|m| (m.pid, m.stopped)).collect());
+                h(members(top, &self.tag)
+                    .into_iter()
+                    .map(|m| (m.pid, m.stopped))
+                    .collect());
             }
             let _ = kill(Pid::from_raw(top), Signal::SIGTERM);
             let _ = kill(Pid::from_raw(top), Signal::SIGCONT);
@@ -340,8 +343,14 @@ mod tests {
         procs.before_kills = Some(Box::new(move |m| *record.lock().unwrap() = m));
         procs.stop();
         let seen = seen.lock().unwrap().clone();
-        assert!(seen.len() >= 3, "the hook saw the command and its children: {seen:?}");
-        assert!(seen.iter().all(|(_, frozen)| *frozen), "every process frozen before any signal: {seen:?}");
+        assert!(
+            seen.len() >= 3,
+            "the hook saw the command and its children: {seen:?}"
+        );
+        assert!(
+            seen.iter().all(|(_, frozen)| *frozen),
+            "every process frozen before any signal: {seen:?}"
+        );
         let _ = child.wait();
         assert_eq!(procs.stopping, Stopping::Frozen);
     }
