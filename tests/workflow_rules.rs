@@ -73,6 +73,14 @@ impl World {
         }
     }
 
+    fn prerequisites(&self, i: usize) -> Vec<(String, JobState)> {
+        self.link(i)
+            .after
+            .iter()
+            .map(|r| (r.step.clone(), self.steps[self.index(r.job_id)].state))
+            .collect()
+    }
+
     fn index(&self, id: Uuid) -> usize {
         self.steps.iter().position(|j| j.job_id == id).expect("a step")
     }
@@ -87,7 +95,11 @@ impl World {
         let before = self.steps[i].state;
         self.steps[i] = apply(Some(&self.steps[i]), &ev).expect("decide's event applies");
         let after = self.steps[i].state;
-        if matches!(ev.body, EventBody::DependenciesResolved { .. }) && after == JobState::Queued {
+        let released = matches!(
+            ev.body,
+            EventBody::DependenciesResolved { .. } | EventBody::HoldReleased { .. }
+        );
+        if released && after == JobState::Queued {
             // Released: every prerequisite succeeded, or the policy says
             // run and every one has ended.
             let link = self.link(i);
@@ -102,6 +114,10 @@ impl World {
                     link.on_dependency_failure == DependencyPolicy::Run
                         && pre.iter().all(|s| s.is_terminal())
                         && pre.iter().any(|s| *s != JobState::Succeeded)
+                }
+                Reason::HoldReleased => {
+                    link.on_dependency_failure == DependencyPolicy::Hold
+                        && pre.iter().all(|s| s.is_terminal())
                 }
                 _ => false,
             };
@@ -130,7 +146,13 @@ impl World {
                         .iter()
                         .map(|r| (r.step.clone(), self.steps[self.index(r.job_id)].state))
                         .collect();
-                    self.step_write(d, Command::Resolve { prerequisites });
+                    self.step_write(
+                        d,
+                        Command::Resolve {
+                            prerequisites,
+                            workflow_cancelled: false,
+                        },
+                    );
                 }
             }
         } else if before.is_terminal() && !after.is_terminal() {
@@ -291,8 +313,11 @@ proptest! {
                     }
                 }
                 JobState::Waiting if job.reason == Reason::DependencyHeld && replay_or_release => {
-                    let c = Command::ReleaseHold { operator: "o".into(), note: "n".into() };
-                    prop_assert!(w.step_write(i, c), "release hold");
+                    let prerequisites = w.prerequisites(i);
+                    let open = prerequisites.iter().any(|(_, s)| !s.is_terminal());
+                    let c = Command::ReleaseHold { operator: "o".into(), note: "n".into(), prerequisites };
+                    // A person lets a held step go only once every prerequisite ended.
+                    prop_assert_eq!(w.step_write(i, c), !open, "release hold");
                 }
                 JobState::Waiting if matches!(outcome, Outcome::Cancel) => {
                     let c = Command::Cancel { note: None };

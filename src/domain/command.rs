@@ -98,10 +98,16 @@ pub enum Command {
     /// the ledger under the parent's lock).
     Resolve {
         prerequisites: Vec<(String, super::model::JobState)>,
+        /// `workflow cancel` was asked for: the step is cancelled, whatever
+        /// its policy, instead of released.
+        workflow_cancelled: bool,
     },
+    /// `prerequisites` as for `Resolve`: a held step goes only once none is
+    /// still open (as under the `run` policy).
     ReleaseHold {
         operator: String,
         note: String,
+        prerequisites: Vec<(String, super::model::JobState)>,
     },
     /// On a parent: records that its open steps are being cancelled (the
     /// ledger then cancels each one, with the usual cancel semantics).

@@ -294,8 +294,15 @@ pub fn decide(job: &Job, cmd: &Command, ctx: &Ctx) -> Result<Event, Rejection> {
             previous,
             version,
         } => super::steps::reopened(job, step, *job_id, *previous, *version)?,
-        Command::Resolve { prerequisites } => super::steps::resolve(job, prerequisites)?,
-        Command::ReleaseHold { operator, note } => super::steps::release_hold(job, operator, note)?,
+        Command::Resolve {
+            prerequisites,
+            workflow_cancelled,
+        } => super::steps::resolve(job, prerequisites, *workflow_cancelled)?,
+        Command::ReleaseHold {
+            operator,
+            note,
+            prerequisites,
+        } => super::steps::release_hold(job, operator, note, prerequisites)?,
         Command::CancelWorkflow { note } => super::steps::cancel_workflow(job, note)?,
     };
     Ok(seal(job, d, ctx))

@@ -71,7 +71,11 @@ pub(super) fn reopened(
     Ok(draft(job, body, parent_state(tally), Reason::StepReopened))
 }
 
-pub(super) fn resolve(job: &Job, prerequisites: &[(String, JobState)]) -> Result<Draft, Rejection> {
+pub(super) fn resolve(
+    job: &Job,
+    prerequisites: &[(String, JobState)],
+    workflow_cancelled: bool,
+) -> Result<Draft, Rejection> {
     let Some(Membership::Step(link)) = &job.workflow else {
         return Err(Rejection::invalid("not a workflow step"));
     };
@@ -81,6 +85,18 @@ pub(super) fn resolve(job: &Job, prerequisites: &[(String, JobState)]) -> Result
             job.state
         )));
     }
+    if workflow_cancelled {
+        // Never released into a workflow being cancelled, whatever its policy.
+        let body = EventBody::Cancelled {
+            note: Some("workflow cancelled".into()),
+        };
+        return Ok(draft(
+            job,
+            body,
+            JobState::Cancelled,
+            Reason::CancelledBeforeStart,
+        ));
+    }
     let (to, reason, failed) = match release(link.on_dependency_failure, prerequisites) {
         Release::Go { failed: None } => (JobState::Queued, Reason::DependenciesMet, None),
         Release::Go { failed } => (JobState::Queued, Reason::DependencyFailedRun, failed),
@@ -89,6 +105,11 @@ pub(super) fn resolve(job: &Job, prerequisites: &[(String, JobState)]) -> Result
             return Err(Rejection::already_committed("the step is already held"))
         }
         Release::Hold { failed } => (JobState::Waiting, Reason::DependencyHeld, Some(failed)),
+        // Held, but what failed was replayed and succeeded: the step waits
+        // for the others again, not for a person.
+        Release::Wait { .. } if job.reason == Reason::DependencyHeld => {
+            (JobState::Waiting, Reason::WaitingForDependencies, None)
+        }
         Release::Wait { open } => {
             return Err(Rejection::invalid(format!("waiting for {}", open.join(", "))));
         }
@@ -96,11 +117,27 @@ pub(super) fn resolve(job: &Job, prerequisites: &[(String, JobState)]) -> Result
     Ok(draft(job, EventBody::DependenciesResolved { failed }, to, reason))
 }
 
-pub(super) fn release_hold(job: &Job, operator: &str, note: &str) -> Result<Draft, Rejection> {
+pub(super) fn release_hold(
+    job: &Job,
+    operator: &str,
+    note: &str,
+    prerequisites: &[(String, JobState)],
+) -> Result<Draft, Rejection> {
     if job.state != JobState::Waiting || job.reason != Reason::DependencyHeld {
         return Err(Rejection::invalid(format!(
             "only a held step is released (this one is {}, {})",
             job.state, job.reason
+        )));
+    }
+    let open: Vec<&str> = prerequisites
+        .iter()
+        .filter(|(_, s)| !s.is_terminal())
+        .map(|(n, _)| n.as_str())
+        .collect();
+    if !open.is_empty() {
+        return Err(Rejection::invalid(format!(
+            "still waiting for {}: a held step goes once every prerequisite has ended",
+            open.join(", ")
         )));
     }
     let body = EventBody::HoldReleased {

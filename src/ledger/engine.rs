@@ -182,18 +182,25 @@ pub(crate) async fn transition_in(
     actor: &str,
     cmd: Command,
 ) -> LedgerResult<WriteResult> {
-    // A waiting step is locked only under its parent's lock (lock order in
-    // ledger/workflow.rs); only these commands can reach one.
-    if matches!(cmd, Command::Cancel { .. } | Command::ReleaseHold { .. }) {
-        if let Some(parent) = crate::store::workflows::parent_of_waiting(&mut *conn, job_id).await? {
-            jobs::lock_jobs(conn, &[parent]).await?;
-        }
-    }
+    super::follow::lock_parent_first(conn, job_id, &cmd).await?;
     let locked = match lock_one(conn, job_id).await? {
         Ok(l) => l,
         Err(purged) => return Ok(purged),
     };
     let cmd = match cmd {
+        Command::ReleaseHold { operator, note, .. } => {
+            let job = Job::try_from(locked.row.clone())?;
+            Command::ReleaseHold {
+                operator,
+                note,
+                prerequisites: super::follow::prerequisites_of(conn, &job).await?,
+            }
+        }
+        Command::Replay { .. } if crate::store::workflows::parent_purged(&mut *conn, job_id).await? => {
+            let job = Job::try_from(locked.row)?;
+            let why = Rejection::invalid("its workflow was purged: nothing could count this step any more");
+            return Ok(WriteResult::rejected(job, why));
+        }
         Command::Observe { fence, key, data, .. } => {
             let existing = events::observation_digest(&mut *conn, job_id, &key).await?;
             Command::Observe {

@@ -199,7 +199,7 @@ impl Ledger {
         Ok(())
     }
 
-    fn check_new(&self, n: &NewJob) -> LedgerResult<()> {
+    pub(crate) fn check_new(&self, n: &NewJob) -> LedgerResult<()> {
         let l = &self.limits;
         l.name("queue", &n.queue)?;
         l.name("kind", &n.kind)?;

@@ -94,7 +94,7 @@ pub(crate) async fn follow(conn: &mut PgConnection, first: &[WriteResult]) -> Le
         dependents.sort();
         dependents.dedup();
         if !dependents.is_empty() {
-            pending = notes(&resolve(conn, &dependents).await?);
+            pending = notes(&resolve(conn, &held, &dependents).await?);
         }
     }
     Ok(())
@@ -147,16 +147,33 @@ async fn count_round(
     Ok(())
 }
 
-/// Decides every waiting step in `ids` on its prerequisites' states now.
-async fn resolve(conn: &mut PgConnection, ids: &[Uuid]) -> LedgerResult<Vec<WriteResult>> {
-    let waiting: Vec<(Job, chrono::DateTime<chrono::Utc>)> =
-        engine::to_jobs(jobs::lock_jobs(conn, ids).await?)?
-            .into_iter()
-            .filter(|(j, _)| j.state == JobState::Waiting)
-            .collect();
-    let mut wanted: Vec<Uuid> = waiting
+/// A waiting step is locked only under its parent's lock (lock order in
+/// ledger/workflow.rs): for the commands that can reach one, the parent is
+/// locked first.
+pub(crate) async fn lock_parent_first(
+    conn: &mut PgConnection,
+    job_id: Uuid,
+    cmd: &Command,
+) -> LedgerResult<()> {
+    if matches!(
+        cmd,
+        Command::Cancel { .. } | Command::ReleaseHold { .. } | Command::Observe { .. }
+    ) {
+        if let Some(parent) = workflows::parent_of_waiting(&mut *conn, job_id).await? {
+            jobs::lock_jobs(conn, &[parent]).await?;
+        }
+    }
+    Ok(())
+}
+
+/// The current state of each prerequisite of `jobs` (steps), by job id.
+async fn prerequisite_states(
+    conn: &mut PgConnection,
+    jobs: &[&Job],
+) -> LedgerResult<HashMap<Uuid, JobState>> {
+    let mut wanted: Vec<Uuid> = jobs
         .iter()
-        .filter_map(|(j, _)| match &j.workflow {
+        .filter_map(|j| match &j.workflow {
             Some(Membership::Step(l)) => Some(l.after.iter().map(|r| r.job_id)),
             _ => None,
         })
@@ -169,29 +186,59 @@ async fn resolve(conn: &mut PgConnection, ids: &[Uuid]) -> LedgerResult<Vec<Writ
         let s = JobState::parse(&s).ok_or_else(|| StoreError::Corrupt(format!("state {s:?} of {id}")))?;
         states.insert(id, s);
     }
+    Ok(states)
+}
+
+/// `(step name, state)` of each prerequisite of `job`, in `after` order.
+pub(crate) async fn prerequisites_of(
+    conn: &mut PgConnection,
+    job: &Job,
+) -> LedgerResult<Vec<(String, JobState)>> {
+    let states = prerequisite_states(conn, &[job]).await?;
+    named(job, &states)
+}
+
+fn named(job: &Job, states: &HashMap<Uuid, JobState>) -> LedgerResult<Vec<(String, JobState)>> {
+    let Some(Membership::Step(l)) = &job.workflow else {
+        return Ok(vec![]);
+    };
+    l.after
+        .iter()
+        .map(|r| {
+            let s = states.get(&r.job_id).copied().ok_or_else(|| {
+                StoreError::Corrupt(format!(
+                    "prerequisite {} of step {} is gone",
+                    r.job_id, job.job_id
+                ))
+            })?;
+            Ok((r.step.clone(), s))
+        })
+        .collect()
+}
+
+/// Decides every waiting step in `ids` on its prerequisites' states now
+/// (and on whether its workflow is being cancelled: `held` has the parents).
+async fn resolve(
+    conn: &mut PgConnection,
+    held: &HashMap<Uuid, (Job, chrono::DateTime<chrono::Utc>)>,
+    ids: &[Uuid],
+) -> LedgerResult<Vec<WriteResult>> {
+    let waiting = engine::to_jobs(workflows::lock_waiting(conn, ids).await?)?;
+    let states = prerequisite_states(conn, &waiting.iter().map(|(j, _)| j).collect::<Vec<_>>()).await?;
     let mut decided = Vec::with_capacity(waiting.len());
     for (job, now) in waiting {
         let Some(Membership::Step(l)) = &job.workflow else {
             continue;
         };
-        let prerequisites = l
-            .after
-            .iter()
-            .map(|r| {
-                let s = states.get(&r.job_id).copied().ok_or_else(|| {
-                    StoreError::Corrupt(format!(
-                        "prerequisite {} of step {} is gone",
-                        r.job_id, job.job_id
-                    ))
-                })?;
-                Ok((r.step.clone(), s))
-            })
-            .collect::<Result<Vec<_>, StoreError>>()?;
-        let d = decide(
-            &job,
-            &Command::Resolve { prerequisites },
-            &engine::ctx(now, "workflow"),
-        );
+        let workflow_cancelled = held
+            .get(&l.parent)
+            .and_then(|(p, _)| Tally::from_value(p.result.as_ref()))
+            .is_some_and(|t| t.cancel_requested);
+        let cmd = Command::Resolve {
+            prerequisites: named(&job, &states)?,
+            workflow_cancelled,
+        };
+        let d = decide(&job, &cmd, &engine::ctx(now, "workflow"));
         decided.push((job, d));
     }
     // A step still waiting for another prerequisite is refused here, which
@@ -214,13 +261,19 @@ async fn fan_in_if_due(conn: &mut PgConnection, parent: &Job) -> LedgerResult<()
     if open != 1 || !workflows::states_of(&mut *conn, &[f.job_id]).await?.is_empty() {
         return Ok(());
     }
+    // Every step the parent lists, also one already purged.
+    let members: HashMap<Uuid, String> = workflows::members_of(&mut *conn, parent.job_id)
+        .await?
+        .into_iter()
+        .filter(|(id, _)| *id != f.job_id)
+        .collect();
+    let ids: Vec<Uuid> = members.keys().copied().collect();
     let mut summary = serde_json::Map::new();
-    for row in workflows::steps_of(&mut *conn, parent.job_id).await? {
-        let job = Job::try_from(row)?;
-        if let Some(Membership::Step(l)) = &job.workflow {
+    for (id, state, reason) in workflows::ends_of(&mut *conn, &ids).await? {
+        if let Some(step) = members.get(&id) {
             summary.insert(
-                l.step.clone(),
-                serde_json::json!({ "job_id": job.job_id, "state": job.state, "reason": job.reason }),
+                step.clone(),
+                serde_json::json!({ "job_id": id, "state": state, "reason": reason }),
             );
         }
     }

@@ -248,7 +248,7 @@ impl Ledger {
                 return Ok(purged);
             }
             let mut tx = self.pool.begin().await?;
-            let locked = jobs::lock_jobs(&mut tx, &ids).await?;
+            let locked = jobs::lock_jobs_skip_locked(&mut tx, &ids).await?;
             let results = decide_and_write(&mut tx, locked, "purger", |_| Command::Purge).await?;
             tx.commit().await?;
             let n = results.iter().filter(|r| r.committed()).count() as u64;

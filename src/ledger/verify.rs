@@ -91,6 +91,7 @@ async fn check_workflows(
 ) -> LedgerResult<()> {
     let mut found = workflows::counts_without_step_edge(&mut *conn, job).await?;
     found.extend(workflows::step_edges_not_counted(&mut *conn, job).await?);
+    found.extend(workflows::counts_twice_or_foreign(&mut *conn, job).await?);
     for (id, version, position, detail) in found {
         report
             .problems

@@ -76,8 +76,20 @@ impl Ledger {
         }
         if let Some(f) = &spec.finally {
             self.limits.name("step name", &f.name)?;
-            self.limits.name("kind", &f.kind)?;
+            // The fan-in's job is created later, by the ledger: what it will
+            // be is checked now, like any job's.
+            self.check_new(&NewJob {
+                queue: f.queue.clone().unwrap_or_else(|| spec.queue.clone()),
+                kind: f.kind.clone(),
+                job_key: None,
+                payload: serde_json::Value::Null,
+                priority: f.priority,
+                run_at: None,
+                delay_ms: None,
+                policy: f.policy.clone(),
+            })?;
         }
+        self.keys_are_free(conn, spec).await?;
         let parent_id = Uuid::now_v7();
         let ids: Vec<Uuid> = spec.steps.iter().map(|_| Uuid::now_v7()).collect();
         let parent_tie = WorkflowTie::Parent {
@@ -130,6 +142,41 @@ impl Ledger {
         Ok(Created { parent, steps })
     }
 
+    /// Step keys are refused before anything is written: one used twice in
+    /// the spec, or already naming a job (a concurrent enqueue of the same
+    /// key can still win the race; then the insert refuses it and the
+    /// caller must roll back).
+    async fn keys_are_free(&self, conn: &mut PgConnection, spec: &WorkflowSpec) -> LedgerResult<()> {
+        if let Some(k) = &spec.key {
+            if jobs::find_job_by_key(&mut *conn, &spec.queue, k).await?.is_some() {
+                return Ok(()); // the same workflow again (its steps hold these keys), or a conflict
+            }
+        }
+        let mut seen = std::collections::HashSet::new();
+        let (mut queues, mut keys) = (vec![], vec![]);
+        for s in &spec.steps {
+            let Some(k) = &s.key else { continue };
+            let q = s.queue.clone().unwrap_or_else(|| spec.queue.clone());
+            if !seen.insert((q.clone(), k.clone())) {
+                return Err(LedgerError::BadInput(format!(
+                    "step {:?}: key {k:?} in queue {q:?} is used by another step of this workflow",
+                    s.name
+                )));
+            }
+            queues.push(q);
+            keys.push(k.clone());
+        }
+        if let Some((q, k, id)) = workflows::jobs_holding_keys(&mut *conn, &queues, &keys)
+            .await?
+            .first()
+        {
+            return Err(LedgerError::BadInput(format!(
+                "key {k:?} in queue {q:?} already names job {id}"
+            )));
+        }
+        Ok(())
+    }
+
     async fn existing_steps(
         &self,
         conn: &mut PgConnection,
@@ -163,36 +210,51 @@ impl Ledger {
         if !matches!(parent_job.workflow, Some(Membership::Parent { .. })) {
             return Err(LedgerError::BadInput(format!("job {parent} is not a workflow")));
         }
-        let steps: Vec<Job> = workflows::steps_of(&self.pool, parent)
+        // Every step the parent lists, also one already purged (its state
+        // from the tombstone, its reason from its last event before that).
+        let members = workflows::members_of(&self.pool, parent).await?;
+        let ids: Vec<Uuid> = members.iter().map(|(id, _)| *id).collect();
+        let mut ends: HashMap<Uuid, (JobState, crate::domain::Reason)> = HashMap::new();
+        for (id, state, reason) in workflows::ends_of(&self.pool, &ids).await? {
+            if let (Some(s), Some(r)) = (JobState::parse(&state), crate::domain::Reason::parse(&reason)) {
+                ends.insert(id, (s, r));
+            }
+        }
+        let links: HashMap<Uuid, StepLink> = workflows::steps_of(&self.pool, parent)
             .await?
             .into_iter()
-            .map(Job::try_from)
-            .collect::<Result<_, _>>()?;
-        let state: HashMap<Uuid, JobState> = steps.iter().map(|j| (j.job_id, j.state)).collect();
-        let views = steps
+            .filter_map(|row| {
+                let job = Job::try_from(row).ok()?;
+                match job.workflow {
+                    Some(Membership::Step(l)) => Some((job.job_id, l)),
+                    _ => None,
+                }
+            })
+            .collect();
+        let mut views: Vec<StepView> = members
             .iter()
-            .filter_map(|j| {
-                let Some(Membership::Step(l)) = &j.workflow else {
-                    return None;
-                };
-                let waiting_for = if j.state == JobState::Waiting {
-                    l.after
+            .filter_map(|(id, step)| {
+                // A fan-in not created yet has no state of its own.
+                let (state, reason) = *ends.get(id)?;
+                let waiting_for = match (state, links.get(id)) {
+                    (JobState::Waiting, Some(l)) => l
+                        .after
                         .iter()
-                        .filter(|r| state.get(&r.job_id).is_none_or(|s| *s != JobState::Succeeded))
+                        .filter(|r| ends.get(&r.job_id).is_none_or(|(s, _)| *s != JobState::Succeeded))
                         .map(|r| r.step.clone())
-                        .collect()
-                } else {
-                    vec![]
+                        .collect(),
+                    _ => vec![],
                 };
                 Some(StepView {
-                    step: l.step.clone(),
-                    job_id: j.job_id,
-                    state: j.state,
-                    reason: j.reason,
+                    step: step.clone(),
+                    job_id: *id,
+                    state,
+                    reason,
                     waiting_for,
                 })
             })
             .collect();
+        views.sort_by(|a, b| a.step.cmp(&b.step));
         Ok(WorkflowView {
             parent: parent_job,
             steps: views,
@@ -302,9 +364,11 @@ impl Ledger {
     pub async fn release_hold(&self, job_id: Uuid, operator: &str, note: &str) -> LedgerResult<WriteResult> {
         self.limits.name("operator", operator)?;
         self.limits.name("reason", note)?;
+        // The prerequisites' states are read under the locks (`transition_in`).
         let cmd = Command::ReleaseHold {
             operator: operator.into(),
             note: note.into(),
+            prerequisites: vec![],
         };
         engine::run_transition(&self.pool, job_id, &format!("operator:{operator}"), cmd).await
     }

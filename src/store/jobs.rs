@@ -69,6 +69,17 @@ pub async fn lock_jobs(conn: &mut PgConnection, ids: &[Uuid]) -> StoreResult<Vec
     Ok(sqlx::query_as(&sql).bind(ids).fetch_all(conn).await?)
 }
 
+/// Locks the rows nobody else holds, skipping the others (in id order): the
+/// purger never waits for live work, so it can never be part of a deadlock
+/// (a replay locks a step, then its parent; a purge batch may hold both).
+pub async fn lock_jobs_skip_locked(conn: &mut PgConnection, ids: &[Uuid]) -> StoreResult<Vec<Locked>> {
+    let sql = format!(
+        "SELECT {JOB_COLUMNS}, clock_timestamp() AS db_now FROM jobledger.jobs \
+         WHERE job_id = ANY($1) ORDER BY job_id FOR UPDATE SKIP LOCKED"
+    );
+    Ok(sqlx::query_as(&sql).bind(ids).fetch_all(conn).await?)
+}
+
 /// What a claim takes, in one statement: expired leases whose kind's policy
 /// is reconcile (taken over) first, then due queued jobs (highest priority,
 /// i.e. lowest number, then oldest); each locked `SKIP LOCKED`. The second

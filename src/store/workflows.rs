@@ -4,6 +4,9 @@
 use sqlx::PgExecutor;
 use uuid::Uuid;
 
+use sqlx::PgConnection;
+
+use super::jobs::Locked;
 use super::rows::{JobRow, JOB_COLUMNS};
 use super::StoreResult;
 
@@ -96,6 +99,103 @@ pub async fn step_edges_not_counted<'e>(
                              AND (p.data ->> 'version')::bigint = s.version)",
     )
     .bind(job)
+    .fetch_all(exec)
+    .await?)
+}
+
+/// Locks the rows of `ids` that are `waiting` (in id order). A dependent
+/// already released may be held by its worker, which locks it and then the
+/// parent: this transaction holds the parent, so it must not wait for it.
+pub async fn lock_waiting(conn: &mut PgConnection, ids: &[Uuid]) -> StoreResult<Vec<Locked>> {
+    let sql = format!(
+        "SELECT {JOB_COLUMNS}, clock_timestamp() AS db_now FROM jobledger.jobs \
+         WHERE job_id = ANY($1) AND state = 'waiting' ORDER BY job_id FOR UPDATE"
+    );
+    Ok(sqlx::query_as(&sql).bind(ids).fetch_all(conn).await?)
+}
+
+/// Every step a parent's first event lists (the fan-in too): `(job_id,
+/// step)`, whether or not the step's row still exists.
+pub async fn members_of<'e>(exec: impl PgExecutor<'e>, parent: Uuid) -> StoreResult<Vec<(Uuid, String)>> {
+    Ok(sqlx::query_as(
+        "SELECT (s ->> 'job_id')::uuid, s ->> 'step' FROM jobledger.events e \
+         CROSS JOIN LATERAL jsonb_array_elements(e.data -> 'workflow' -> 'steps' \
+             || CASE WHEN e.data -> 'workflow' ? 'fan_in' THEN jsonb_build_array(e.data -> 'workflow' -> 'fan_in') \
+                     ELSE '[]'::jsonb END) s \
+         WHERE e.job_id = $1 AND e.version = 1 AND e.data -> 'workflow' ->> 'role' = 'parent'",
+    )
+    .bind(parent)
+    .fetch_all(exec)
+    .await?)
+}
+
+/// `(job_id, state, reason)` of each job in `ids`: live, or for a purged
+/// one its state and the reason of its last event before the purge.
+pub async fn ends_of<'e>(
+    exec: impl PgExecutor<'e>,
+    ids: &[Uuid],
+) -> StoreResult<Vec<(Uuid, String, String)>> {
+    Ok(sqlx::query_as(
+        "SELECT job_id, state, reason FROM jobledger.jobs WHERE job_id = ANY($1) \
+         UNION ALL SELECT t.job_id, t.state, e.reason FROM jobledger.tombstones t \
+         JOIN jobledger.events e ON e.job_id = t.job_id AND e.version = t.version - 1 \
+         WHERE t.job_id = ANY($1)",
+    )
+    .bind(ids)
+    .fetch_all(exec)
+    .await?)
+}
+
+/// Whether the job's workflow parent was purged (its steps then belong to
+/// nobody who could count them).
+pub async fn parent_purged<'e>(exec: impl PgExecutor<'e>, job_id: Uuid) -> StoreResult<bool> {
+    Ok(sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM jobledger.jobs j JOIN jobledger.tombstones t \
+                        ON t.job_id = (j.workflow ->> 'parent')::uuid \
+                        WHERE j.job_id = $1 AND j.workflow ->> 'role' = 'step')",
+    )
+    .bind(job_id)
+    .fetch_one(exec)
+    .await?)
+}
+
+/// `verify`: a step edge its parent counts twice, or a count that names a
+/// job which is no step of that parent. `(parent, version, position, detail)`.
+pub async fn counts_twice_or_foreign<'e>(
+    exec: impl PgExecutor<'e>,
+    job: Option<Uuid>,
+) -> StoreResult<Vec<(Uuid, i64, i64, String)>> {
+    Ok(sqlx::query_as(
+        "SELECT p.job_id, p.version, p.position, \
+                CASE WHEN first.job_id IS NULL OR first.data -> 'workflow' ->> 'parent' <> p.job_id::text \
+                     THEN format('counts job %s, which is no step of this workflow', p.data ->> 'job_id') \
+                     ELSE format('counts step %s v%s a second time', p.data ->> 'step', p.data ->> 'version') END \
+         FROM jobledger.events p \
+         LEFT JOIN jobledger.events first ON first.job_id = (p.data ->> 'job_id')::uuid AND first.version = 1 \
+         WHERE p.type IN ('step_finished', 'step_reopened') AND ($1::uuid IS NULL OR p.job_id = $1) \
+           AND (first.job_id IS NULL OR first.data -> 'workflow' ->> 'parent' <> p.job_id::text \
+                OR EXISTS (SELECT 1 FROM jobledger.events q WHERE q.job_id = p.job_id AND q.version < p.version \
+                             AND q.type = p.type AND q.data ->> 'job_id' = p.data ->> 'job_id' \
+                             AND q.data ->> 'version' = p.data ->> 'version'))",
+    )
+    .bind(job)
+    .fetch_all(exec)
+    .await?)
+}
+
+/// Jobs already holding any of the `(queue, key)` pairs: `(queue, key, job_id)`.
+pub async fn jobs_holding_keys<'e>(
+    exec: impl PgExecutor<'e>,
+    queues: &[String],
+    keys: &[String],
+) -> StoreResult<Vec<(String, String, Uuid)>> {
+    Ok(sqlx::query_as(
+        "SELECT j.queue, j.job_key, j.job_id FROM jobledger.jobs j \
+         JOIN UNNEST($1::text[], $2::text[]) AS k(queue, job_key) ON j.queue = k.queue AND j.job_key = k.job_key \
+         ORDER BY 1, 2",
+    )
+    .bind(queues)
+    .bind(keys)
     .fetch_all(exec)
     .await?)
 }
