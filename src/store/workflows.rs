@@ -167,13 +167,13 @@ pub async fn counts_twice_or_foreign<'e>(
 ) -> StoreResult<Vec<(Uuid, i64, i64, String)>> {
     Ok(sqlx::query_as(
         "SELECT p.job_id, p.version, p.position, \
-                CASE WHEN first.job_id IS NULL OR first.data -> 'workflow' ->> 'parent' <> p.job_id::text \
+                CASE WHEN (first.data -> 'workflow' ->> 'parent') IS DISTINCT FROM p.job_id::text \
                      THEN format('counts job %s, which is no step of this workflow', p.data ->> 'job_id') \
                      ELSE format('counts step %s v%s a second time', p.data ->> 'step', p.data ->> 'version') END \
          FROM jobledger.events p \
          LEFT JOIN jobledger.events first ON first.job_id = (p.data ->> 'job_id')::uuid AND first.version = 1 \
          WHERE p.type IN ('step_finished', 'step_reopened') AND ($1::uuid IS NULL OR p.job_id = $1) \
-           AND (first.job_id IS NULL OR first.data -> 'workflow' ->> 'parent' <> p.job_id::text \
+           AND ((first.data -> 'workflow' ->> 'parent') IS DISTINCT FROM p.job_id::text \
                 OR EXISTS (SELECT 1 FROM jobledger.events q WHERE q.job_id = p.job_id AND q.version < p.version \
                              AND q.type = p.type AND q.data ->> 'job_id' = p.data ->> 'job_id' \
                              AND q.data ->> 'version' = p.data ->> 'version'))",
