@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{fresh, new_job};
+use common::{fresh, new_job, within};
 use serde_json::json;
 use std::sync::Arc;
 use std::time::Duration;
@@ -40,7 +40,7 @@ async fn a_reused_key_never_gets_a_lower_epoch() {
             })),
         });
         let t1 = tokio::spawn(async move { hooked.enqueue(new_job("q", Some("K"), json!({"n": 2}))).await });
-        at_gate.recv().await.unwrap(); // T1 holds its epoch, not yet inserted
+        within("the gate", at_gate.recv()).await.unwrap(); // T1 holds its epoch, not yet inserted
         let l2 = db.enqueue(Some("K"), json!({"n": 1})).await;
         db.ledger.cancel(l2.job_id, None).await.unwrap();
         let mut purge = None;
@@ -70,9 +70,12 @@ async fn a_reused_key_never_gets_a_lower_epoch() {
         if let Some((floor, purging)) = purge {
             waiting_on_a_lock(&db, "INSERT INTO jobledger.jobs").await; // T1, behind the purge
             floor.commit().await.unwrap();
-            assert_eq!(purging.await.unwrap().unwrap(), 1);
+            assert_eq!(within("the purge", purging).await.unwrap().unwrap(), 1);
         }
-        let e = t1.await.unwrap().expect("the enqueue draws again and succeeds");
+        let e = within("the enqueue", t1)
+            .await
+            .unwrap()
+            .expect("the enqueue draws again and succeeds");
         assert!(e.created);
         assert!(
             e.job.epoch > l2.epoch,
@@ -130,12 +133,15 @@ async fn a_reused_key_never_gets_a_lower_epoch_under_repeatable_read() {
         }
         r
     });
-    at_gate.recv().await.unwrap();
+    within("the gate", at_gate.recv()).await.unwrap();
     let l2 = db.enqueue(Some("K"), json!({"n": 1})).await;
     db.ledger.cancel(l2.job_id, None).await.unwrap();
     assert_eq!(db.ledger.purge(Duration::ZERO, 10).await.unwrap(), 1);
     open.send(()).await.unwrap();
-    let err = t1.await.unwrap().expect_err("the lower epoch is refused");
+    let err = within("the enqueue", t1)
+        .await
+        .unwrap()
+        .expect_err("the lower epoch is refused");
     assert!(err.is_retryable(), "{err}");
     assert!(err.to_string().contains("serialize"), "{err}");
     assert_eq!(

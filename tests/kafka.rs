@@ -6,7 +6,7 @@
 mod common;
 
 use common::kafka::{brokers, consume_until, consumer_db, fenced, relay_cfg, topic};
-use common::{eventually, fresh, new_job, TestDb};
+use common::{eventually, fresh, new_job, within, TestDb};
 use jobledger::reader::LogReader;
 use jobledger::relay::{Relay, RelayConfig, RelayHooks};
 use jobledger::worker::BoxFuture;
@@ -179,7 +179,7 @@ async fn relay_publishes_everything_in_per_job_order() {
         "keyed by job_id when there is no key"
     );
     stop.cancel();
-    relay.await.unwrap();
+    within("the relay stops", relay).await.unwrap();
 }
 
 /// A relay killed after the broker acknowledged but before the checkpoint
@@ -255,9 +255,9 @@ async fn relay_killed_between_produce_and_checkpoint_resends_and_consumers_drop_
         .unwrap();
     assert_eq!(copied, 10, "no double effects");
     cstop.cancel();
-    run.await.unwrap();
+    within("the consumer stops", run).await.unwrap();
     stop.cancel();
-    relay.await.unwrap();
+    within("the relay stops", relay).await.unwrap();
 }
 
 /// A zombie relay (its lease taken over) cannot move the checkpoint.
@@ -347,7 +347,7 @@ async fn status_mirror_equals_the_ledger() {
             .unwrap();
     assert_eq!(mirror, ledger);
     stop.cancel();
-    relay.await.unwrap();
+    within("the relay stops", relay).await.unwrap();
 }
 
 /// `jobledger verify --audit-log`: the audit copy recomputes, links and
@@ -383,7 +383,7 @@ async fn verify_checks_the_audit_log_against_the_chain() {
     })
     .await;
     stop.cancel();
-    relay.await.unwrap();
+    within("the relay stops", relay).await.unwrap();
 
     let verify = || {
         std::process::Command::new(env!("CARGO_BIN_EXE_jobledger"))
@@ -479,7 +479,7 @@ async fn two_queues_sharing_a_job_key_do_not_share_a_fence() {
         "{mirror:?}"
     );
     stop.cancel();
-    relay.await.unwrap();
+    within("the relay stops", relay).await.unwrap();
 }
 
 /// Issue 9 item 4: the audit copy is not behind the staleness fence. A

@@ -423,39 +423,3 @@ async fn a_caught_up_rebuild_switches_while_commits_wait_behind_the_horizon() {
     within("a catch-up", r.catch_up(&[&JobTimeline])).await.unwrap();
     assert_eq!(timeline_rows(&db).await, 6, "the waiting commit arrives");
 }
-
-/// Issue 10: a catch-up that cannot move (a commit waits behind an open
-/// transaction) gives up after the runner's patience with an error that
-/// says why, instead of hanging its caller; once the transaction ends the
-/// same runner catches up.
-#[tokio::test]
-async fn a_catch_up_held_by_an_open_transaction_reports_a_stall() {
-    let db = fresh().await;
-    db.enqueue(Some("before"), json!({})).await;
-    let reader = LogReader::open(db.ledger.pool().clone(), "projections")
-        .await
-        .unwrap();
-    let r = Runner::new(db.ledger.pool().clone(), &reader, 10)
-        .await
-        .unwrap()
-        .with_patience(std::time::Duration::from_millis(300));
-    within("a catch-up", r.catch_up(&[&JobTimeline])).await.unwrap();
-
-    let mut holder = db.ledger.pool().begin().await.unwrap();
-    sqlx::query("SELECT pg_current_xact_id()")
-        .execute(&mut *holder)
-        .await
-        .unwrap();
-    db.enqueue(Some("waits"), json!({})).await;
-    let held = within("a stalled catch-up", r.catch_up(&[&JobTimeline])).await;
-    match held {
-        Err(jobledger_projections::ProjectionError::Stalled { name, waited }) => {
-            assert_eq!(name, "job_timeline");
-            assert!(waited >= std::time::Duration::from_millis(300), "{waited:?}");
-        }
-        other => panic!("a held horizon is a stall, got {other:?}"),
-    }
-    holder.rollback().await.unwrap();
-    within("a catch-up", r.catch_up(&[&JobTimeline])).await.unwrap();
-    assert_eq!(timeline_rows(&db).await, 2, "the waiting commit arrives");
-}

