@@ -83,8 +83,12 @@ pub struct Procs {
     /// Test hook: sees every process of the command (pid, frozen) at the
     /// instant between the freeze and the signals of a default-action stop.
     #[cfg(test)]
-    before_kills: Option<Box<dyn FnMut(Vec<(i32, bool)>) + Send>>,
+    before_kills: Option<BeforeKills>,
 }
+
+/// `(pid, frozen)` of every process of the command.
+#[cfg(test)]
+type BeforeKills = Box<dyn FnMut(Vec<(i32, bool)>) + Send>;
 
 impl Procs {
     /// `pid` is the command's (its group's id); `tag` the value of `TAG_VAR`
