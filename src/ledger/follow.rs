@@ -70,6 +70,9 @@ pub(crate) async fn follow(conn: &mut PgConnection, first: &[WriteResult]) -> Le
     // Parents this transaction holds, as they are after its own writes: a
     // parent is locked once, however many of its steps end here.
     let mut held: HashMap<Uuid, (Job, chrono::DateTime<chrono::Utc>)> = HashMap::new();
+    // Jobs this transaction wrote (and so holds): their state is known
+    // without asking, for the steps that wait for them.
+    let mut known: HashMap<Uuid, JobState> = written_states(first);
     let mut pending = notes(first);
     while !pending.is_empty() {
         // Every parent counts its steps first (one note per parent per
@@ -94,10 +97,20 @@ pub(crate) async fn follow(conn: &mut PgConnection, first: &[WriteResult]) -> Le
         dependents.sort();
         dependents.dedup();
         if !dependents.is_empty() {
-            pending = notes(&resolve(conn, &held, &dependents).await?);
+            let released = resolve(conn, &held, &known, &dependents).await?;
+            known.extend(written_states(&released));
+            pending = notes(&released);
         }
     }
     Ok(())
+}
+
+fn written_states(results: &[WriteResult]) -> HashMap<Uuid, JobState> {
+    results
+        .iter()
+        .filter(|r| r.committed())
+        .filter_map(|r| r.job.as_ref().map(|j| (j.job_id, j.state)))
+        .collect()
 }
 
 /// Each note's parent counts it (at most one note per parent).
@@ -167,21 +180,35 @@ pub(crate) async fn lock_parent_first(
 }
 
 /// The current state of each prerequisite of `jobs` (steps), by job id.
+/// Those in `known` (written, so locked, by this transaction) are not read
+/// again: in a chain the only prerequisite is the step that just ended.
 async fn prerequisite_states(
     conn: &mut PgConnection,
     jobs: &[&Job],
+    known: &HashMap<Uuid, JobState>,
 ) -> LedgerResult<HashMap<Uuid, JobState>> {
-    let mut wanted: Vec<Uuid> = jobs
+    let mut states = HashMap::new();
+    let mut wanted: Vec<Uuid> = vec![];
+    for id in jobs
         .iter()
         .filter_map(|j| match &j.workflow {
             Some(Membership::Step(l)) => Some(l.after.iter().map(|r| r.job_id)),
             _ => None,
         })
         .flatten()
-        .collect();
+    {
+        match known.get(&id) {
+            Some(s) => {
+                states.insert(id, *s);
+            }
+            None => wanted.push(id),
+        }
+    }
     wanted.sort();
     wanted.dedup();
-    let mut states = HashMap::new();
+    if wanted.is_empty() {
+        return Ok(states);
+    }
     for (id, s) in workflows::states_of(&mut *conn, &wanted).await? {
         let s = JobState::parse(&s).ok_or_else(|| StoreError::Corrupt(format!("state {s:?} of {id}")))?;
         states.insert(id, s);
@@ -194,7 +221,7 @@ pub(crate) async fn prerequisites_of(
     conn: &mut PgConnection,
     job: &Job,
 ) -> LedgerResult<Vec<(String, JobState)>> {
-    let states = prerequisite_states(conn, &[job]).await?;
+    let states = prerequisite_states(conn, &[job], &HashMap::new()).await?;
     named(job, &states)
 }
 
@@ -221,10 +248,12 @@ fn named(job: &Job, states: &HashMap<Uuid, JobState>) -> LedgerResult<Vec<(Strin
 async fn resolve(
     conn: &mut PgConnection,
     held: &HashMap<Uuid, (Job, chrono::DateTime<chrono::Utc>)>,
+    known: &HashMap<Uuid, JobState>,
     ids: &[Uuid],
 ) -> LedgerResult<Vec<WriteResult>> {
     let waiting = engine::to_jobs(workflows::lock_waiting(conn, ids).await?)?;
-    let states = prerequisite_states(conn, &waiting.iter().map(|(j, _)| j).collect::<Vec<_>>()).await?;
+    let steps: Vec<&Job> = waiting.iter().map(|(j, _)| j).collect();
+    let states = prerequisite_states(conn, &steps, known).await?;
     let mut decided = Vec::with_capacity(waiting.len());
     for (job, now) in waiting {
         let Some(Membership::Step(l)) = &job.workflow else {
