@@ -49,3 +49,31 @@ async fn a_catch_up_held_by_an_open_transaction_reports_a_stall() {
         "the waiting commit arrives"
     );
 }
+
+/// A session that keeps the view open (a transaction that read it) cannot
+/// block the switch's DDL, and every runner behind it, for longer than the
+/// switch's lock wait: the catch-up returns without switching, and switches
+/// once the session is gone.
+#[tokio::test]
+async fn a_reader_holding_the_view_delays_the_switch_without_hanging() {
+    let db = fresh().await;
+    db.enqueue(Some("v"), json!({})).await;
+    let reader = LogReader::open(db.ledger.pool().clone(), "projections")
+        .await
+        .unwrap();
+    let r = Runner::new(db.ledger.pool().clone(), &reader, 10).await.unwrap();
+    within("a catch-up", r.catch_up(&[&JobTimeline])).await.unwrap();
+    r.start_rebuild(&JobTimeline).await.unwrap();
+    let mut viewer = db.ledger.pool().begin().await.unwrap();
+    sqlx::query("SELECT count(*) FROM jobledger_proj.job_timeline")
+        .execute(&mut *viewer)
+        .await
+        .unwrap();
+    let held = within("a catch-up beside a reader", r.catch_up(&[&JobTimeline]))
+        .await
+        .unwrap();
+    assert_eq!(held.switched_to, None, "not switched while the view is read");
+    viewer.rollback().await.unwrap();
+    let done = within("a catch-up", r.catch_up(&[&JobTimeline])).await.unwrap();
+    assert_eq!(done.switched_to, Some(1));
+}

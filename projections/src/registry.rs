@@ -155,6 +155,25 @@ pub async fn promote(conn: &mut PgConnection, name: &str) -> Result<(), sqlx::Er
     Ok(())
 }
 
+/// Bounds how long this transaction's statements wait for a lock (the
+/// switch's DDL waits for every reader of the view or the old table).
+pub async fn limit_lock_wait(conn: &mut PgConnection, wait: std::time::Duration) -> Result<(), sqlx::Error> {
+    sqlx::raw_sql(&format!(
+        "SET LOCAL lock_timeout = '{}ms'",
+        wait.as_millis().max(1)
+    ))
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// SQLSTATE 55P03: a lock was not granted within `lock_timeout`.
+pub fn is_lock_timeout(e: &sqlx::Error) -> bool {
+    e.as_database_error()
+        .and_then(|d| d.code())
+        .is_some_and(|c| c == "55P03")
+}
+
 /// Points the view `jobledger_proj.<name>` at `table` (in the caller's
 /// transaction: readers see the old table or the new one, never neither).
 pub async fn point_view(conn: &mut PgConnection, name: &str, table: &str) -> Result<(), sqlx::Error> {

@@ -47,6 +47,9 @@ pub struct Runner<'a> {
 /// is reported instead of hanging the caller.
 pub const DEFAULT_PATIENCE: std::time::Duration = std::time::Duration::from_secs(60);
 
+/// How long a switch waits for sessions reading the view or the old table.
+pub const SWITCH_LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
 pub fn table_name(name: &str, version: i32) -> String {
     format!("{name}_v{version}")
 }
@@ -204,7 +207,10 @@ impl<'a> Runner<'a> {
     /// committed behind an open transaction do not stop the switch: the
     /// serving table cannot have them either, and under steady load some
     /// always wait there (waiting for a quiet log starved the switch).
-    /// Otherwise the next step tries again.
+    /// Otherwise the next step tries again; so it does when a session keeps
+    /// the view or the old table open (a transaction that read it): the DDL
+    /// waits at most `SWITCH_LOCK_WAIT` for it instead of blocking every
+    /// runner behind the registry lock.
     async fn switch(&self, name: &str) -> Result<Option<i32>, ProjectionError> {
         let mut tx = self.pool.begin().await?;
         let Some(e) = registry::lock(&mut tx, name).await? else {
@@ -216,21 +222,34 @@ impl<'a> Runner<'a> {
         if e.building_checkpoint() < e.checkpoint() {
             return Ok(None);
         }
-        registry::point_view(&mut tx, name, &new_table).await?;
-        registry::promote(&mut tx, name).await?;
-        registry::drop_table(&mut tx, &e.active_table).await?;
+        registry::limit_lock_wait(&mut tx, SWITCH_LOCK_WAIT).await?;
+        let moved = async {
+            registry::point_view(&mut tx, name, &new_table).await?;
+            registry::promote(&mut tx, name).await?;
+            registry::drop_table(&mut tx, &e.active_table).await
+        }
+        .await;
+        match moved {
+            Err(e) if registry::is_lock_timeout(&e) => return Ok(None), // rolled back: later
+            Err(e) => return Err(e.into()),
+            Ok(()) => {}
+        }
         tx.commit().await?;
         Ok(e.building_version)
     }
 
-    /// Runs steps until the serving table (and any rebuild) has applied
-    /// every event committed before the call. An empty batch alone is not
-    /// enough: while an open transaction of this database holds the log
-    /// horizon back, later commits wait behind it, and so does this (backing
-    /// off up to 250 ms between tries). A wait with nothing applied for
-    /// longer than the runner's patience ends in `ProjectionError::Stalled`:
-    /// a long catch-up that moves is never cut short, a held horizon is
-    /// reported instead of hanging the caller.
+    /// Runs steps until one finds nothing more to apply and nothing waiting
+    /// behind the log horizon: the serving table (and any rebuild) then has
+    /// every event committed before the call. Under a steady stream of
+    /// commits it keeps applying them as they come. While an open
+    /// transaction of this database holds the horizon back, later commits
+    /// wait behind it, and so does this (backing off up to 250 ms between
+    /// tries). A wait in which no checkpoint moves (this runner's or another
+    /// one's) for longer than the runner's patience ends in
+    /// `ProjectionError::Stalled`, so a held horizon is reported instead of
+    /// hanging the caller. A rebuild whose switch cannot take its locks
+    /// (`SWITCH_LOCK_WAIT`) is left for a later step: the call returns
+    /// without it (`switched_to` is `None`).
     pub async fn catch_up(&self, versions: &[&dyn Projection]) -> Result<Step, ProjectionError> {
         let mut total = Step::default();
         let mut idle = std::time::Duration::from_millis(5);
