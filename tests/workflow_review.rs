@@ -14,7 +14,6 @@ use jobledger::domain::{ErrorClass, JobState, Outcome, Policy, Reason};
 use jobledger::ledger::LedgerError;
 use serde_json::json;
 use std::time::Duration;
-use uuid::Uuid;
 
 fn with(mut s: StepSpec, policy: DependencyPolicy) -> StepSpec {
     s.on_dependency_failure = policy;
@@ -248,7 +247,7 @@ async fn purged_steps_stay_in_the_answers() {
     let summary = &lease.job().unwrap().payload["steps"];
     assert_eq!(summary["a"]["state"], "succeeded", "{summary}");
     assert_eq!(summary["b"]["state"], "succeeded");
-    let _ = id_of(&created, "a");
+    assert_eq!(summary["a"]["job_id"], json!(id_of(&created, "a").to_string()));
 }
 
 /// A dead step of a purged workflow has nobody to count it: its replay is
@@ -322,5 +321,4 @@ async fn verify_finds_a_foreign_count_and_a_double_count() {
         "{:?}",
         report.problems
     );
-    let _: Uuid = stranger;
 }

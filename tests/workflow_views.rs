@@ -161,15 +161,38 @@ async fn verify_replays_the_parent_against_the_rule_table() {
     let parent = created.parent.job.job_id;
     finish_next(&db, "render", true).await;
     db.assert_verified().await;
-    // As the superuser around the triggers: the parent's count says
-    // `succeeded` after one of three steps.
+    // As the superuser around the triggers, the attacker's way: the
+    // parent's count says `succeeded` after one of three steps, with the
+    // hash recomputed, so only the rule table can catch it.
+    let mut forged = db.ledger.history(parent).await.unwrap().pop().unwrap().event;
+    assert_eq!(forged.body.type_name(), "step_finished");
+    forged.to_state = jobledger::domain::JobState::Succeeded;
+    forged.hash = jobledger::domain::event_hash(&forged);
     db.around_the_log(
-        "UPDATE jobledger.events SET to_state = 'succeeded' WHERE job_id = $1 AND type = 'step_finished'",
+        &format!(
+            "UPDATE jobledger.events SET to_state = 'succeeded', hash = '{}' WHERE job_id = $1 AND version = {}",
+            forged.hash, forged.version
+        ),
         parent,
     )
     .await;
     let report = db.ledger.verify(Some(parent)).await.unwrap();
-    assert!(!report.ok(), "the forged parent state is found");
+    assert!(
+        report
+            .problems
+            .iter()
+            .any(|p| p.detail.contains("the steps say running")),
+        "the rule table finds the forged state: {:?}",
+        report.problems
+    );
+    assert!(
+        report
+            .problems
+            .iter()
+            .all(|p| !p.detail.contains("hash mismatch")),
+        "{:?}",
+        report.problems
+    );
 }
 
 /// Across streams: a parent that forgot to count a step, or counts an end

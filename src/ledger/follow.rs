@@ -168,9 +168,11 @@ pub(crate) async fn lock_parent_first(
     job_id: Uuid,
     cmd: &Command,
 ) -> LedgerResult<()> {
+    // A fenced observation comes from a holder: its job is held, never
+    // waiting, so the worker's path pays no extra query.
     if matches!(
         cmd,
-        Command::Cancel { .. } | Command::ReleaseHold { .. } | Command::Observe { .. }
+        Command::Cancel { .. } | Command::ReleaseHold { .. } | Command::Observe { fence: None, .. }
     ) {
         if let Some(parent) = workflows::parent_of_waiting(&mut *conn, job_id).await? {
             jobs::lock_jobs(conn, &[parent]).await?;

@@ -237,12 +237,7 @@ impl Ledger {
                 // A fan-in not created yet has no state of its own.
                 let (state, reason) = *ends.get(id)?;
                 let waiting_for = match (state, links.get(id)) {
-                    (JobState::Waiting, Some(l)) => l
-                        .after
-                        .iter()
-                        .filter(|r| ends.get(&r.job_id).is_none_or(|(s, _)| *s != JobState::Succeeded))
-                        .map(|r| r.step.clone())
-                        .collect(),
+                    (JobState::Waiting, Some(l)) => unmet(l, |p| ends.get(&p).map(|(s, _)| *s)),
                     _ => vec![],
                 };
                 Some(StepView {
@@ -304,15 +299,12 @@ impl Ledger {
             return Ok(vec![]);
         }
         let ids: Vec<Uuid> = l.after.iter().map(|r| r.job_id).collect();
-        let states: HashMap<Uuid, String> = workflows::states_of(&self.pool, &ids)
+        let states: HashMap<Uuid, JobState> = workflows::states_of(&self.pool, &ids)
             .await?
             .into_iter()
+            .filter_map(|(id, s)| Some((id, JobState::parse(&s)?)))
             .collect();
-        Ok(l.after
-            .iter()
-            .filter(|r| states.get(&r.job_id).map(String::as_str) != Some("succeeded"))
-            .map(|r| r.step.clone())
-            .collect())
+        Ok(unmet(l, |p| states.get(&p).copied()))
     }
 
     /// For `history PARENT`: every step named in the parent's first event
@@ -372,6 +364,16 @@ impl Ledger {
         };
         engine::run_transition(&self.pool, job_id, &format!("operator:{operator}"), cmd).await
     }
+}
+
+/// The prerequisites of a step that have not succeeded (`state` of each,
+/// `None` when unknown): what `show` says it waits for.
+fn unmet(link: &StepLink, state: impl Fn(Uuid) -> Option<JobState>) -> Vec<String> {
+    link.after
+        .iter()
+        .filter(|r| state(r.job_id) != Some(JobState::Succeeded))
+        .map(|r| r.step.clone())
+        .collect()
 }
 
 fn parent_job(spec: &WorkflowSpec) -> NewJob {
