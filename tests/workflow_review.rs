@@ -20,6 +20,18 @@ fn with(mut s: StepSpec, policy: DependencyPolicy) -> StepSpec {
     s
 }
 
+/// `a` and `b`, and `d` after both with the `hold` policy.
+fn held_join(key: &str) -> jobledger::domain::workflow::WorkflowSpec {
+    spec(
+        key,
+        vec![
+            step("a", &[]),
+            step("b", &[]),
+            with(step("d", &["a", "b"]), DependencyPolicy::Hold),
+        ],
+    )
+}
+
 /// Sessions waiting for a lock (the first waiter for a row waits for the
 /// holder's transaction, the next ones for the row's tuple lock).
 async fn waiters(db: &TestDb) -> i64 {
@@ -78,18 +90,7 @@ async fn a_finished_step_never_waits_for_a_released_dependent() {
 #[tokio::test]
 async fn a_held_step_is_not_let_go_while_a_prerequisite_is_open() {
     let db = fresh().await;
-    let created = db
-        .ledger
-        .workflow(&spec(
-            "hold",
-            vec![
-                step("a", &[]),
-                step("b", &[]),
-                with(step("d", &["a", "b"]), DependencyPolicy::Hold),
-            ],
-        ))
-        .await
-        .unwrap();
+    let created = db.ledger.workflow(&held_join("hold")).await.unwrap();
     finish_next(&db, "a", false).await;
     let d = id_of(&created, "d");
     assert_eq!(db.job(d).await.reason, Reason::DependencyHeld);
@@ -106,18 +107,7 @@ async fn a_held_step_is_not_let_go_while_a_prerequisite_is_open() {
 #[tokio::test]
 async fn a_hold_lifts_when_the_failed_prerequisite_recovers() {
     let db = fresh().await;
-    let created = db
-        .ledger
-        .workflow(&spec(
-            "lift",
-            vec![
-                step("a", &[]),
-                step("b", &[]),
-                with(step("d", &["a", "b"]), DependencyPolicy::Hold),
-            ],
-        ))
-        .await
-        .unwrap();
+    let created = db.ledger.workflow(&held_join("lift")).await.unwrap();
     let leases = db
         .ledger
         .claim("q", "w", Duration::from_secs(30), 2)
