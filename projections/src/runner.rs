@@ -40,6 +40,10 @@ pub struct Runner<'a> {
     log: &'a dyn LogSource,
     batch: i64,
     patience: std::time::Duration,
+    /// After a switch could not take its locks, the next try waits this
+    /// long: each try queues an exclusive lock that new readers of the view
+    /// wait behind.
+    next_switch: std::sync::Mutex<Option<std::time::Instant>>,
 }
 
 /// How long `catch_up` waits with nothing moving before it gives up: long
@@ -49,6 +53,9 @@ pub const DEFAULT_PATIENCE: std::time::Duration = std::time::Duration::from_secs
 
 /// How long a switch waits for sessions reading the view or the old table.
 pub const SWITCH_LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// How long after a switch that timed out the next one is tried.
+pub const SWITCH_RETRY: std::time::Duration = std::time::Duration::from_secs(5);
 
 pub fn table_name(name: &str, version: i32) -> String {
     format!("{name}_v{version}")
@@ -62,6 +69,7 @@ impl<'a> Runner<'a> {
             log,
             batch,
             patience: DEFAULT_PATIENCE,
+            next_switch: std::sync::Mutex::new(None),
         })
     }
 
@@ -106,7 +114,12 @@ impl<'a> Runner<'a> {
             step.rebuilt = built.count();
             // Only a genuinely empty read says the rebuild caught up; a lost
             // race (another runner moved the checkpoint) says nothing.
-            if built == Advanced::Empty {
+            let due = self
+                .next_switch
+                .lock()
+                .expect("not poisoned")
+                .is_none_or(|t| std::time::Instant::now() >= t);
+            if built == Advanced::Empty && due {
                 step.switched_to = self.switch(&name).await?;
             }
         }
@@ -230,7 +243,12 @@ impl<'a> Runner<'a> {
         }
         .await;
         match moved {
-            Err(e) if registry::is_lock_timeout(&e) => return Ok(None), // rolled back: later
+            Err(e) if registry::is_lock_timeout(&e) => {
+                // Rolled back; tried again after SWITCH_RETRY, not at once.
+                *self.next_switch.lock().expect("not poisoned") =
+                    Some(std::time::Instant::now() + SWITCH_RETRY);
+                return Ok(None);
+            }
             Err(e) => return Err(e.into()),
             Ok(()) => {}
         }

@@ -8,7 +8,7 @@ use std::collections::{HashMap, HashSet};
 use uuid::Uuid;
 
 use super::engine::{self, WriteResult};
-use super::error::LedgerResult;
+use super::error::{LedgerError, LedgerResult};
 use crate::domain::workflow::{DependencyPolicy, Membership, StepLink, StepStatus, Tally, WorkflowTie};
 use crate::domain::{decide, Command, Job, JobState, NewJob};
 use crate::store::{jobs, workflows, StoreError};
@@ -132,8 +132,16 @@ async fn count_round(
     }
     let mut decided = Vec::with_capacity(round.len());
     for n in round {
-        // A purged parent has nobody left to count for: its steps ended.
+        // A purged parent has nobody left to count for: its steps ended. A
+        // reopened step would run outside any workflow (a replay that raced
+        // the purge past `transition_in`'s check): refused, nothing written.
         let Some((job, now)) = held.get(&n.parent) else {
+            if matches!(n.command, Command::StepReopened { .. }) {
+                return Err(LedgerError::BadInput(format!(
+                    "workflow {} was purged: nothing could count this step any more",
+                    n.parent
+                )));
+            }
             continue;
         };
         let d = decide(job, &n.command, &engine::ctx(*now, "workflow"));
