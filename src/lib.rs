@@ -2,7 +2,6 @@
 #![forbid(unsafe_code)]
 
 pub mod domain;
-pub mod fake_provider;
 pub mod ledger;
 pub mod reader;
 pub mod rebuilt;

@@ -2,6 +2,7 @@
 #![forbid(unsafe_code)]
 
 mod cli;
+mod tools;
 
 use clap::Parser;
 use tracing_subscriber::EnvFilter;

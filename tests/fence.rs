@@ -2,10 +2,14 @@
 //! Interleavings are forced with gates; time moves by rewriting lease_until.
 
 mod common;
+// The fake refund provider is a tool, not the library's: its one file is
+// shared with the binary's tools.
+#[path = "../src/tools/fake_provider.rs"]
+mod fake_provider;
 
 use common::fresh;
+use fake_provider::FakeProvider;
 use jobledger::domain::{ErrorClass, JobState, NextAction, Outcome, Policy, Reason};
-use jobledger::fake_provider::FakeProvider;
 use serde_json::json;
 use std::sync::Arc;
 use std::time::Duration;

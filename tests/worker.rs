@@ -3,11 +3,15 @@
 //! and exhausted failures, graceful shutdown, two workers on one queue.
 
 mod common;
+// The fake refund provider is a tool, not the library's: its one file is
+// shared with the binary's tools.
+#[path = "../src/tools/fake_provider.rs"]
+mod fake_provider;
 
 use common::workers::{base, notified_only, start, stop};
 use common::{eventually, fresh, new_job, within};
+use fake_provider::FakeProvider;
 use jobledger::domain::{JobState, NextAction, Policy, Reason};
-use jobledger::fake_provider::FakeProvider;
 use jobledger::worker::{BoxFuture, HandlerOutcome, Hooks, JobContext};
 use serde_json::json;
 use std::sync::atomic::{AtomicUsize, Ordering};

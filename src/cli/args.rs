@@ -388,7 +388,7 @@ pub enum Cmd {
     },
     /// The main job end to end: enqueue, work, stall, take over, reconcile.
     /// Randomised run under faults, then an invariant checker (docs/reliability.md).
-    Chaos(crate::cli::chaos::ChaosArgs),
+    Chaos(crate::tools::chaos::ChaosArgs),
     /// One worker process of a chaos run (started by `chaos`).
     #[command(hide = true)]
     ChaosWorker {

@@ -1,13 +1,7 @@
 pub mod args;
-pub mod bench;
-pub mod bench_workflows;
-pub mod chaos;
 pub mod consume;
-pub mod demo;
 pub mod output;
 pub mod parse;
-pub mod private_pg;
 pub mod projections;
 pub mod run;
-pub mod timeline;
 pub mod workflow;

@@ -79,7 +79,7 @@ pub async fn run(cli: Cli) -> Result<i32> {
         brokers,
     } = &cli.command
     {
-        let args = super::bench::BenchArgs {
+        let args = crate::tools::bench::BenchArgs {
             url: cli.database_url.clone(),
             only: only.clone(),
             w1_jobs: *w1_jobs,
@@ -90,7 +90,7 @@ pub async fn run(cli: Cli) -> Result<i32> {
             prefetch: *prefetch,
             brokers: brokers.clone(),
         };
-        return super::bench::run(args).await;
+        return crate::tools::bench::run(args).await;
     }
     if let Cmd::Demo {
         jobs,
@@ -98,10 +98,10 @@ pub async fn run(cli: Cli) -> Result<i32> {
         brokers,
     } = &cli.command
     {
-        return super::demo::run(&cli.database_url, *jobs, *workers, brokers).await;
+        return crate::tools::demo::run(&cli.database_url, *jobs, *workers, brokers).await;
     }
     if let Cmd::Chaos(args) = &cli.command {
-        return super::chaos::run(&cli.database_url, args).await;
+        return crate::tools::chaos::run(&cli.database_url, args).await;
     }
     let ledger = connect(&cli).await?;
     match &cli.command {
@@ -112,7 +112,7 @@ pub async fn run(cli: Cli) -> Result<i32> {
             lease,
             concurrency,
             careless,
-        } => super::chaos::worker::run(ledger, provider, name, *lease, *concurrency, *careless).await,
+        } => crate::tools::chaos::worker::run(ledger, provider, name, *lease, *concurrency, *careless).await,
         Cmd::Enqueue {
             queue,
             kind,
@@ -245,11 +245,11 @@ pub async fn run(cli: Cli) -> Result<i32> {
         }
         Cmd::History { job, json } => {
             if *json {
-                for v in super::timeline::json_lines(&ledger, *job).await? {
+                for v in jobledger::ledger::timeline::json_lines(&ledger, *job).await? {
                     line(&v);
                 }
             } else {
-                for l in super::timeline::lines(&ledger, *job).await? {
+                for l in jobledger::ledger::timeline::lines(&ledger, *job).await? {
                     println!("{l}");
                 }
             }
@@ -391,7 +391,11 @@ pub async fn run(cli: Cli) -> Result<i32> {
                     if *json {
                         line(&serde_json::to_value(h)?);
                     } else {
-                        println!("{} {}", h.event.job_id, super::timeline::event_line(h));
+                        println!(
+                            "{} {}",
+                            h.event.job_id,
+                            jobledger::ledger::timeline::event_line(h)
+                        );
                     }
                 }
             }

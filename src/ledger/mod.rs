@@ -7,6 +7,7 @@ mod error;
 mod follow;
 mod lease;
 mod ops;
+pub mod timeline;
 mod validate;
 mod verify;
 mod workflow;

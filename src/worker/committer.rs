@@ -194,16 +194,15 @@ mod tests {
     use std::sync::{Arc, Mutex};
 
     type Batches = mpsc::UnboundedReceiver<Vec<u32>>;
-
-    /// Items are (id, parent); the k-th batch committed waits for `gates[k]`
-    /// (batches beyond the gates commit at once).
-    fn start(
-        gates: Vec<oneshot::Receiver<()>>,
-    ) -> (
+    type Started = (
         mpsc::Sender<(u32, Option<Uuid>)>,
         Batches,
         tokio::task::JoinHandle<()>,
-    ) {
+    );
+
+    /// Items are (id, parent); the k-th batch committed waits for `gates[k]`
+    /// (batches beyond the gates commit at once).
+    fn start(gates: Vec<oneshot::Receiver<()>>) -> Started {
         let (tx, rx) = mpsc::channel(64);
         let (seen_tx, seen) = mpsc::unbounded_channel();
         let gates = Arc::new(Mutex::new(VecDeque::from(gates)));

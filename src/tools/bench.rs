@@ -86,7 +86,7 @@ pub async fn run(args: BenchArgs) -> Result<i32> {
             rebuild_rate(&ledger, args.history_events).await?;
         }
         if wants("workflows") {
-            super::bench_workflows::workflows(&ledger, 1000).await?;
+            crate::tools::bench_workflows::workflows(&ledger, 1000).await?;
         }
         if wants("w3-history") {
             history(&ledger, args.history_events).await?;

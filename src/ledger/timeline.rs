@@ -1,13 +1,18 @@
-//! `history`: a job's events from the log, interleaved with the writes the
-//! fence refused, so "why did this job end like this?" reads top to bottom.
+//! A job's timeline: its events from the log, interleaved with the writes
+//! the fence refused (and, for a workflow's parent, its steps' edges), so
+//! "why did this job end like this?" reads top to bottom. Every front door
+//! (the CLI's `history`, the demo, the HTTP API) renders this one.
 
-use anyhow::Result;
 use serde_json::{json, Value};
 use uuid::Uuid;
 
-use jobledger::domain::digest::fmt_time;
-use jobledger::ledger::{HistoryEntry, Ledger};
-use jobledger::store::rejections::RejectionRow;
+use super::error::LedgerResult;
+use super::{HistoryEntry, Ledger};
+use crate::domain::digest::fmt_time;
+use crate::store::rejections::RejectionRow;
+use crate::store::StoreError;
+
+type Result<T> = LedgerResult<T>;
 
 enum Item {
     /// An event, and the workflow step it belongs to (for `history PARENT`).
@@ -105,9 +110,11 @@ pub async fn json_lines(ledger: &Ledger, job: Uuid) -> Result<Vec<Value>> {
         .iter()
         .map(|i| {
             Ok(match i {
-                Item::Event(h, None) => serde_json::to_value(h)?,
+                Item::Event(h, None) => {
+                    serde_json::to_value(h).map_err(|e| StoreError::Corrupt(e.to_string()))?
+                }
                 Item::Event(h, Some(step)) => {
-                    let mut v = serde_json::to_value(h)?;
+                    let mut v = serde_json::to_value(h).map_err(|e| StoreError::Corrupt(e.to_string()))?;
                     v["step"] = json!(step);
                     v
                 }

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use super::provider::{Client, RefundReply};
 use super::QUEUE;
-use crate::cli::output::{self, line};
+use crate::tools::output::{self, line};
 use jobledger::domain::NextAction;
 use jobledger::ledger::Ledger;
 use jobledger::worker::{HandlerOutcome, JobContext, Worker};

@@ -14,9 +14,9 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use super::private_pg::PrivateCluster;
+use crate::tools::fake_provider::{FakeProvider, ProviderError};
+use crate::tools::private_pg::PrivateCluster;
 use jobledger::domain::{JobState, NewJob, NextAction, Policy};
-use jobledger::fake_provider::{FakeProvider, ProviderError};
 use jobledger::ledger::{Found, Ledger};
 use jobledger::worker::{HandlerOutcome, Hooks, JobContext, Worker, WorkerReport};
 
@@ -470,7 +470,7 @@ async fn summary(
     }
     if let Some(id) = stalled.first() {
         eprintln!("\n== history of taken-over job {id} ==");
-        for line in super::timeline::lines(l, *id).await? {
+        for line in jobledger::ledger::timeline::lines(l, *id).await? {
             eprintln!("{line}");
         }
     }

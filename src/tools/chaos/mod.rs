@@ -16,8 +16,8 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
-use super::bench::{drop_database, with_database};
-use super::output::{self, line};
+use crate::tools::bench::{drop_database, with_database};
+use crate::tools::output::{self, line};
 use jobledger::ledger::Ledger;
 use procs::Proc;
 

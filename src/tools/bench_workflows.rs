@@ -8,7 +8,7 @@ use anyhow::Result;
 use serde_json::json;
 use std::time::Instant;
 
-use super::bench::{drain, enqueue_batched, noop_worker, report};
+use crate::tools::bench::{drain, enqueue_batched, noop_worker, report};
 use jobledger::domain::workflow::{DependencyPolicy, StepSpec, WorkflowSpec};
 use jobledger::ledger::Ledger;
 
