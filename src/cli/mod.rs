@@ -3,5 +3,7 @@ pub mod consume;
 pub mod output;
 pub mod parse;
 pub mod projections;
+pub mod reads;
 pub mod run;
+pub mod services;
 pub mod workflow;

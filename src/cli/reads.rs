@@ -1,0 +1,123 @@
+//! The CLI's reads: a job, its timeline, the log, counts, verify.
+
+use anyhow::Result;
+use serde_json::json;
+
+use super::args::{Cli, Cmd};
+use super::output::{self, line};
+use jobledger::domain::digest::fmt_time;
+use jobledger::ledger::{Found, Ledger};
+
+/// `show`, `history`, `replay-log`, `stats`.
+async fn basic(ledger: &Ledger, cli: &Cli) -> Result<i32> {
+    match &cli.command {
+        Cmd::Show { job } => {
+            match ledger.show(*job).await? {
+                Found::Live(j) => line(&super::workflow::shown(ledger, &j).await?),
+                Found::Purged(t) => line(&json!({
+                    "job_id": t.job_id, "state": t.state, "purged": true, "purged_at": fmt_time(t.purged_at),
+                    "queue": t.queue, "key": t.job_key, "epoch": t.epoch, "token": t.token, "version": t.version,
+                })),
+            }
+            Ok(output::OK)
+        }
+        Cmd::History { job, json } => {
+            if *json {
+                for v in jobledger::ledger::timeline::json_lines(ledger, *job).await? {
+                    line(&v);
+                }
+            } else {
+                for l in jobledger::ledger::timeline::lines(ledger, *job).await? {
+                    println!("{l}");
+                }
+            }
+            Ok(output::OK)
+        }
+        Cmd::ReplayLog { from, to, job, json } => {
+            let mut after = from - 1;
+            loop {
+                let page = ledger.log_page(*from, *to, *job, after, 1000).await?;
+                let Some(last) = page.last() else { break };
+                after = last.position;
+                for h in &page {
+                    if *json {
+                        line(&serde_json::to_value(h)?);
+                    } else {
+                        println!(
+                            "{} {}",
+                            h.event.job_id,
+                            jobledger::ledger::timeline::event_line(h)
+                        );
+                    }
+                }
+            }
+            Ok(output::OK)
+        }
+        Cmd::Stats => {
+            for (state, n) in ledger.counts_by_state().await? {
+                line(&json!({ "state": state, "jobs": n }));
+            }
+            for name in ledger.reader_names().await? {
+                let reader = jobledger::reader::LogReader::open(ledger.pool().clone(), &name).await?;
+                let cp = reader.checkpoint().await?;
+                let lag = reader.lag(cp).await?;
+                line(
+                    &json!({ "reader": name, "checkpoint": cp, "lag_events": lag.events,
+                              "lag_seconds": lag.seconds, "horizon_held_by": lag.horizon_holder }),
+                );
+            }
+            Ok(output::OK)
+        }
+        _ => unreachable!("dispatched by `run`"),
+    }
+}
+
+/// `verify`: the log's replay, the audit copy or the rebuilt projection.
+async fn verify(ledger: &Ledger, cli: &Cli) -> Result<i32> {
+    match &cli.command {
+        Cmd::Verify {
+            job,
+            audit_log,
+            rebuilt,
+        } => {
+            if let Some(url) = audit_log {
+                return super::consume::verify_audit_log(ledger, url).await;
+            }
+            if *rebuilt {
+                let reader = jobledger::reader::LogReader::source(ledger.pool().clone());
+                let runner =
+                    jobledger_projections::runner::Runner::new(ledger.pool().clone(), &reader, 5000).await?;
+                runner.catch_up(&[&jobledger::rebuilt::JobsRebuilt]).await?;
+                let problems = ledger.compare_rebuilt().await?;
+                for p in &problems {
+                    line(&json!({ "problem": p }));
+                }
+                line(
+                    &json!({ "ok": problems.is_empty(), "compared": "jobs_rebuilt", "problems": problems.len() }),
+                );
+                return Ok(if problems.is_empty() {
+                    output::OK
+                } else {
+                    output::FAILURE
+                });
+            }
+            let report = ledger.verify(*job).await?;
+            for p in &report.problems {
+                line(&json!({ "problem": p }));
+            }
+            line(
+                &json!({ "ok": report.ok(), "jobs": report.jobs, "events": report.events,
+                          "problems": report.problems.len() }),
+            );
+            Ok(if report.ok() { output::OK } else { output::FAILURE })
+        }
+        _ => unreachable!("dispatched by `run`"),
+    }
+}
+
+pub async fn run(ledger: &Ledger, cli: &Cli) -> Result<i32> {
+    match &cli.command {
+        Cmd::Verify { .. } => verify(ledger, cli).await,
+        _ => basic(ledger, cli).await,
+    }
+}
