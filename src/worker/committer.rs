@@ -100,9 +100,14 @@ impl<T> Gather<T> {
     }
 }
 
+/// Items held back at most, per batch size: beyond that the channel's own
+/// bound pushes back on the handlers again.
+const DEFERRED_PER_BATCH: usize = 4;
+
 /// Batches whatever is waiting, at most `in_flight` batches committing at
 /// once, never two with the same parent; every item received is committed
-/// before it returns (also the deferred ones once the channel closes).
+/// before it returns (also the deferred ones once the channel closes), and a
+/// deferred item goes before anything received after it.
 async fn schedule<T, F, Fut>(mut rx: mpsc::Receiver<T>, rules: Rules<T>, commit: F)
 where
     T: Send + 'static,
@@ -119,9 +124,7 @@ where
     };
     let mut open = true;
     loop {
-        // A slot must be free; once closed, only a finishing batch can free
-        // a deferred item's parent (with nothing in flight, all are free).
-        if running.len() >= rules.in_flight || (!open && !g.deferred.is_empty()) {
+        if running.len() >= rules.in_flight {
             if let Some(done) = running.join_next().await {
                 busy.give_back(done.unwrap_or_default());
             }
@@ -131,20 +134,30 @@ where
             if g.deferred.is_empty() {
                 break;
             }
+            // Only a finishing batch frees a deferred item's parent; with
+            // nothing in flight every parent is free.
+            match running.join_next().await {
+                Some(done) => busy.give_back(done.unwrap_or_default()),
+                None => busy.0.clear(),
+            }
             continue;
         }
+        let room = g.deferred.len() < DEFERRED_PER_BATCH * max;
         if g.batch.is_empty() {
             tokio::select! {
-                item = rx.recv() => match item {
+                item = rx.recv(), if room => match item {
                     Some(item) => g.offer(&busy, max, (rules.parent)(&item), item),
                     None => open = false,
                 },
                 Some(done) = running.join_next(), if !running.is_empty() => {
+                    // Back to the top: the deferred items go first.
                     busy.give_back(done.unwrap_or_default());
+                    continue;
                 }
+                else => busy.0.clear(),
             }
         }
-        while open && g.batch.len() < max {
+        while open && g.batch.len() < max && g.deferred.len() < DEFERRED_PER_BATCH * max {
             match rx.try_recv() {
                 Ok(item) => g.offer(&busy, max, (rules.parent)(&item), item),
                 Err(mpsc::error::TryRecvError::Empty) => break,
@@ -159,8 +172,10 @@ where
         parents.dedup();
         busy.take(&parents);
         let done = commit(std::mem::take(&mut g.batch));
+        // A commit that panics must still give its parents back: it runs in
+        // a task of its own, whose end (even a panic) this one waits for.
         running.spawn(async move {
-            done.await;
+            let _ = tokio::spawn(done).await;
             parents
         });
     }
@@ -284,5 +299,55 @@ mod tests {
         assert_eq!(next(&mut seen).await, vec![2]);
         task.await.unwrap();
         assert!(seen.recv().await.is_none(), "nothing committed twice");
+    }
+
+    #[tokio::test]
+    async fn a_commit_that_panics_gives_its_parent_back() {
+        let p = Uuid::now_v7();
+        let (tx, rx) = mpsc::channel(8);
+        let (seen_tx, mut seen) = mpsc::unbounded_channel();
+        let rules = Rules {
+            max_batch: 8,
+            in_flight: 2,
+            parent: |i: &(u32, Option<Uuid>)| i.1,
+        };
+        let task = tokio::spawn(schedule(rx, rules, move |batch: Vec<(u32, Option<Uuid>)>| {
+            let ids: Vec<u32> = batch.iter().map(|i| i.0).collect();
+            let seen_tx = seen_tx.clone();
+            async move {
+                let _ = seen_tx.send(ids.clone());
+                assert!(ids != vec![1], "the first commit fails");
+            }
+        }));
+        tx.send((1, Some(p))).await.unwrap();
+        assert_eq!(next(&mut seen).await, vec![1]);
+        settle().await;
+        tx.send((2, Some(p))).await.unwrap();
+        assert_eq!(next(&mut seen).await, vec![2], "p was freed by the panicking batch");
+        drop(tx);
+        task.await.unwrap();
+    }
+
+    /// A deferred completion is not overtaken by one of the same parent that
+    /// arrived after it (select! picks its ready branch at random, so the
+    /// scenario runs 16 times).
+    #[tokio::test]
+    async fn a_deferred_completion_goes_before_later_ones() {
+        for _ in 0..16 {
+            let p = Uuid::now_v7();
+            let (open, gate) = oneshot::channel();
+            let (tx, mut seen, task) = start(vec![gate]);
+            tx.send((1, Some(p))).await.unwrap();
+            assert_eq!(next(&mut seen).await, vec![1]);
+            tx.send((2, Some(p))).await.unwrap();
+            settle().await;
+            // 3 waits in the channel while [1] ends.
+            tx.send((3, Some(p))).await.unwrap();
+            open.send(()).unwrap();
+            let after = next(&mut seen).await;
+            assert!(after.contains(&2), "3 overtook the deferred 2: {after:?}");
+            drop(tx);
+            task.await.unwrap();
+        }
     }
 }
