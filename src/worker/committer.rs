@@ -150,7 +150,11 @@ where
                     None => open = false,
                 },
                 Some(done) = running.join_next(), if !running.is_empty() => {
-                    // Back to the top: the deferred items go first.
+                    // Back to the top: the deferred items go first (else a
+                    // later item of the same parent, already in the channel,
+                    // could take the parent again, and again). Only a
+                    // multi-threaded runtime opens that window (both branches
+                    // ready at once), which no test here can force.
                     busy.give_back(done.unwrap_or_default());
                     continue;
                 }
@@ -323,31 +327,12 @@ mod tests {
         assert_eq!(next(&mut seen).await, vec![1]);
         settle().await;
         tx.send((2, Some(p))).await.unwrap();
-        assert_eq!(next(&mut seen).await, vec![2], "p was freed by the panicking batch");
+        assert_eq!(
+            next(&mut seen).await,
+            vec![2],
+            "p was freed by the panicking batch"
+        );
         drop(tx);
         task.await.unwrap();
-    }
-
-    /// A deferred completion is not overtaken by one of the same parent that
-    /// arrived after it (select! picks its ready branch at random, so the
-    /// scenario runs 16 times).
-    #[tokio::test]
-    async fn a_deferred_completion_goes_before_later_ones() {
-        for _ in 0..16 {
-            let p = Uuid::now_v7();
-            let (open, gate) = oneshot::channel();
-            let (tx, mut seen, task) = start(vec![gate]);
-            tx.send((1, Some(p))).await.unwrap();
-            assert_eq!(next(&mut seen).await, vec![1]);
-            tx.send((2, Some(p))).await.unwrap();
-            settle().await;
-            // 3 waits in the channel while [1] ends.
-            tx.send((3, Some(p))).await.unwrap();
-            open.send(()).unwrap();
-            let after = next(&mut seen).await;
-            assert!(after.contains(&2), "3 overtook the deferred 2: {after:?}");
-            drop(tx);
-            task.await.unwrap();
-        }
     }
 }
