@@ -35,6 +35,10 @@ enum Op {
     Cancel,
     Receipt(u8, bool),
     Replay,
+    /// An operator's verdict: succeeded or cancelled; on the current version or an old one.
+    Resolve(bool, bool),
+    /// A correction of version n (may be beyond the job's last one).
+    Annotate(i64),
     Expire,
     Purge,
     Advance(i64),
@@ -64,6 +68,8 @@ fn op() -> impl Strategy<Value = Op> {
         2 => Just(Op::Cancel),
         2 => (0u8..3, any::<bool>()).prop_map(|(s, ok)| Op::Receipt(s, ok)),
         1 => Just(Op::Replay),
+        1 => (any::<bool>(), any::<bool>()).prop_map(|(s, cur)| Op::Resolve(s, cur)),
+        1 => (0i64..12).prop_map(Op::Annotate),
         2 => Just(Op::Expire),
         1 => Just(Op::Purge),
         4 => (1i64..120_000).prop_map(Op::Advance),
@@ -179,6 +185,23 @@ fn command(job: &Job, op: &Op, observed: &HashMap<String, String>) -> Option<Com
         Op::Replay => Command::Replay {
             operator: "op".into(),
             note: "n".into(),
+        },
+        Op::Resolve(succeeded, current) => Command::ResolveByOperator {
+            operator: "op".into(),
+            verdict: if *succeeded {
+                JobState::Succeeded
+            } else {
+                JobState::Cancelled
+            },
+            note: "checked the provider".into(),
+            evidence: json!({ "ticket": 7 }),
+            expected_version: if *current { job.version } else { job.version - 1 },
+        },
+        Op::Annotate(v) => Command::Annotate {
+            operator: "op".into(),
+            corrects_position: *v,
+            corrects_version: *v,
+            note: "wrong reason".into(),
         },
         Op::Expire => Command::Expire,
         Op::Purge => Command::Purge,

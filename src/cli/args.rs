@@ -231,6 +231,35 @@ pub enum Cmd {
         #[arg(long)]
         reason: String,
     },
+    /// An operator's verdict on a dead job or one awaiting a receipt, after
+    /// checking the outside world by hand: fenced on the version looked at.
+    Resolve {
+        job: Uuid,
+        /// `succeeded` or `cancelled`.
+        #[arg(long = "as", value_parser = ["succeeded", "cancelled"])]
+        verdict: String,
+        #[arg(long)]
+        reason: String,
+        /// What was checked, as JSON (`@file` reads a file).
+        #[arg(long)]
+        evidence: String,
+        /// The job's version as the operator saw it (`show` prints it).
+        #[arg(long)]
+        version: i64,
+        #[arg(long)]
+        operator: String,
+    },
+    /// Appends a correction beside the event at log position POSITION (the
+    /// event stays; the job's state does not change).
+    Annotate {
+        job: Uuid,
+        #[arg(long)]
+        corrects: i64,
+        #[arg(long)]
+        reason: String,
+        #[arg(long)]
+        operator: String,
+    },
     /// One pass of lease-expiry policies and receipt deadlines.
     Sweep,
     /// Purge terminal jobs older than DUR (tombstones kept, events kept).

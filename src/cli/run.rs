@@ -7,7 +7,7 @@ use std::time::Duration;
 use super::args::{Cli, Cmd, FenceArgs};
 use super::output::{self, line, outcome_code, write_json, BadInput};
 use super::parse::json_arg;
-use jobledger::domain::{digest::fmt_time, Fence, NewJob};
+use jobledger::domain::{digest::fmt_time, Fence, JobState, NewJob};
 use jobledger::ledger::{Lease, Ledger, Limits, WriteResult};
 
 fn ms(d: Duration) -> i64 {
@@ -93,6 +93,8 @@ pub async fn run(cli: Cli) -> Result<i32> {
         | Cmd::Observe { .. }
         | Cmd::Cancel { .. }
         | Cmd::Replay { .. }
+        | Cmd::Resolve { .. }
+        | Cmd::Annotate { .. }
         | Cmd::Sweep
         | Cmd::Purge { .. } => operator_writes(&ledger, &cli).await,
         Cmd::Workflow { action } => super::workflow::run(&ledger, action, cli.max_payload_bytes).await,
@@ -270,6 +272,28 @@ async fn operator_writes(ledger: &Ledger, cli: &Cli) -> Result<i32> {
             }
             Ok(worst)
         }
+        Cmd::Resolve {
+            job,
+            verdict,
+            reason,
+            evidence,
+            version,
+            operator,
+        } => {
+            let verdict = JobState::parse(verdict).expect("clap allows only succeeded and cancelled");
+            let evidence = json_input("--evidence", evidence, cli)?;
+            Ok(written(
+                &ledger
+                    .resolve(*job, operator, verdict, reason, evidence, *version)
+                    .await?,
+            ))
+        }
+        Cmd::Annotate {
+            job,
+            corrects,
+            reason,
+            operator,
+        } => Ok(written(&ledger.annotate(*job, operator, *corrects, reason).await?)),
         Cmd::Sweep => {
             let changed = ledger.sweep(500).await?;
             for r in &changed {

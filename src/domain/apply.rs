@@ -34,6 +34,8 @@ pub enum ApplyError {
     Chain,
     #[error("workflow: {0}")]
     Workflow(String),
+    #[error("annotation of version {corrects} in event version {at}: only earlier events are corrected")]
+    AnnotationAhead { corrects: i64, at: i64 },
 }
 
 /// Every edge of the state machine: (event type, from, to). The diagram in
@@ -76,6 +78,10 @@ pub fn edge_allowed(body: &EventBody, from: JobState, to: JobState) -> bool {
             from == Waiting && matches!(to, Queued | Cancelled | Waiting)
         }
         EventBody::HoldReleased { .. } => (from, to) == (Waiting, Queued),
+        EventBody::ResolvedByOperator { .. } => {
+            matches!(from, Dead | AwaitingReceipt) && matches!(to, Succeeded | Cancelled)
+        }
+        EventBody::Annotated { .. } => from == to,
     }
 }
 
@@ -257,6 +263,24 @@ pub fn apply(job: Option<&Job>, ev: &Event) -> Result<Job, ApplyError> {
                 return Err(ApplyError::Workflow(
                     "a dependency event on a job that is no step".into(),
                 ));
+            }
+        }
+        // A verdict on a step would leave its parent's count behind.
+        EventBody::ResolvedByOperator { .. } if j.workflow.is_some() => {
+            return Err(ApplyError::Workflow(
+                "an operator's verdict on a workflow's parent or step".into(),
+            ))
+        }
+        EventBody::ResolvedByOperator { .. } => {
+            j.receipt_deadline = None;
+            unlease(&mut j);
+        }
+        EventBody::Annotated { corrects_version, .. } => {
+            if *corrects_version < 1 || *corrects_version >= ev.version {
+                return Err(ApplyError::AnnotationAhead {
+                    corrects: *corrects_version,
+                    at: ev.version,
+                });
             }
         }
     }

@@ -4,7 +4,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::model::{wire_enum, ErrorClass, Policy, ReceiptStatus};
+use super::model::{wire_enum, ErrorClass, JobState, Policy, ReceiptStatus};
 use super::reason::Reason;
 use super::workflow::StepStatus;
 
@@ -76,6 +76,24 @@ pub enum Command {
         operator: String,
         note: String,
     },
+    /// An operator's verdict (`resolve`): `verdict` is succeeded or
+    /// cancelled; fenced on the version the operator looked at, so two
+    /// operators cannot both resolve.
+    ResolveByOperator {
+        operator: String,
+        verdict: JobState,
+        note: String,
+        evidence: Value,
+        expected_version: i64,
+    },
+    /// An appended correction of the event at `corrects_position` (which the
+    /// ledger found to be this job's version `corrects_version`).
+    Annotate {
+        operator: String,
+        corrects_position: i64,
+        corrects_version: i64,
+        note: String,
+    },
     /// The sweeper: lease-expiry policies other than reconcile, exhausted
     /// leases, and receipt deadlines.
     Expire,
@@ -133,6 +151,8 @@ impl Command {
             Command::Cancel { .. } => "cancel",
             Command::Receipt { .. } => "receipt",
             Command::Replay { .. } => "replay",
+            Command::ResolveByOperator { .. } => "resolve_by_operator",
+            Command::Annotate { .. } => "annotate",
             Command::Expire => "expire",
             Command::Purge => "purge",
             Command::StepFinished { .. } => "step_finished",

@@ -13,7 +13,7 @@ use super::model::{
     ErrorClass, ExpiryPolicy, Job, JobState, NextAction, Policy, ReceiptPolicy, ReceiptStatus, ReleaseOp,
 };
 use super::reason::Reason;
-use super::workflow::{Membership, WorkflowTie};
+use super::workflow::WorkflowTie;
 
 /// An event before it is numbered and hashed.
 pub(super) struct Draft {
@@ -250,27 +250,20 @@ pub fn decide(job: &Job, cmd: &Command, ctx: &Ctx) -> Result<Event, Rejection> {
         }
         Command::Cancel { note } => cancel(job, note)?,
         Command::Receipt { receipt_id, status } => receipt(job, receipt_id, *status, ctx)?,
-        Command::Replay { operator, note } => {
-            if matches!(job.workflow, Some(Membership::Parent { .. })) {
-                return Err(Rejection::invalid(
-                    "a workflow is not replayed: replay its dead step, and the workflow reopens",
-                ));
-            }
-            if job.state != JobState::Dead {
-                return Err(Rejection::invalid(format!(
-                    "only dead jobs are replayed (job is {})",
-                    job.state
-                )));
-            }
-            let body = EventBody::Replayed {
-                operator: operator.clone(),
-                note: note.clone(),
-            };
-            let mut d = draft(job, body, JobState::Queued, Reason::ReplayedByOperator);
-            d.run = job.run + 1;
-            d.attempt = 0;
-            d
-        }
+        Command::Replay { operator, note } => super::operator::replay(job, operator, note)?,
+        Command::ResolveByOperator {
+            operator,
+            verdict,
+            note,
+            evidence,
+            expected_version,
+        } => super::operator::resolve(job, operator, *verdict, note, evidence, *expected_version)?,
+        Command::Annotate {
+            operator,
+            corrects_position,
+            corrects_version,
+            note,
+        } => super::operator::annotate(job, operator, *corrects_position, *corrects_version, note)?,
         Command::Expire => expire(job, ctx)?,
         Command::Purge => {
             if !job.state.is_terminal() {

@@ -130,6 +130,23 @@ pub enum EventBody {
         operator: String,
         note: String,
     },
+    /// An operator's verdict on a job nothing else will finish (dead, or
+    /// awaiting a receipt that will not come): they checked the outside world
+    /// by hand and record how it ended (`to_state`), why, and their evidence.
+    ResolvedByOperator {
+        operator: String,
+        note: String,
+        evidence: Value,
+        evidence_digest: String,
+    },
+    /// A correction beside an earlier event of the same job: it changes no
+    /// state, and the corrected event stays as the judgement of its time.
+    Annotated {
+        operator: String,
+        corrects_position: i64,
+        corrects_version: i64,
+        note: String,
+    },
 }
 
 impl EventBody {
@@ -159,6 +176,8 @@ impl EventBody {
             EventBody::StepReopened { .. } => "step_reopened",
             EventBody::DependenciesResolved { .. } => "dependencies_resolved",
             EventBody::HoldReleased { .. } => "hold_released",
+            EventBody::ResolvedByOperator { .. } => "resolved_by_operator",
+            EventBody::Annotated { .. } => "annotated",
         }
     }
 

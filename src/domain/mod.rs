@@ -10,6 +10,7 @@ pub mod event;
 pub mod fence;
 pub mod model;
 pub mod reason;
+mod operator;
 mod steps;
 pub mod workflow;
 

@@ -43,5 +43,7 @@ wire_enum!(
         HoldReleased => "hold_released",
         StepFinished => "step_finished",
         StepReopened => "step_reopened",
+        ResolvedByOperator => "resolved_by_operator",
+        Annotation => "annotation",
     }
 );

@@ -9,6 +9,7 @@ mod lease;
 mod ops;
 pub mod timeline;
 mod validate;
+mod verdicts;
 mod verify;
 mod workflow;
 

@@ -9,6 +9,7 @@ use uuid::Uuid;
 use super::error::LedgerResult;
 use super::{HistoryEntry, Ledger};
 use crate::domain::digest::fmt_time;
+use crate::domain::EventBody;
 use crate::store::rejections::RejectionRow;
 use crate::store::StoreError;
 
@@ -64,7 +65,7 @@ pub fn event_line(h: &HistoryEntry) -> String {
     let from = e.from_state.map_or("-".to_string(), |s| s.to_string());
     let class = e.error_class.map(|c| format!(" [{c}]")).unwrap_or_default();
     format!(
-        "{:>7} v{:<3} {}  {:<16} {:>16} -> {:<16} {:<24} token={} attempt={} by {}{class}",
+        "{:>7} v{:<3} {}  {:<16} {:>16} -> {:<16} {:<24} token={} attempt={} by {}{class}{}",
         h.position,
         e.version,
         fmt_time(e.recorded_at),
@@ -74,8 +75,54 @@ pub fn event_line(h: &HistoryEntry) -> String {
         e.reason.as_str(),
         e.token,
         e.attempt,
-        e.actor
+        e.actor,
+        detail(&e.body)
     )
+}
+
+/// What a person reading the line needs from the event's data: the next
+/// action a claim hands out, and the words an operator gave.
+fn detail(body: &EventBody) -> String {
+    let quoted = |n: &str| format!(" {:?}", n);
+    match body {
+        EventBody::Claimed { next_action, .. } => format!(" next={}", next_action.as_str()),
+        EventBody::TakenOver { .. } => " next=reconcile".into(),
+        EventBody::Failed { next_action, .. } => format!(" next={}", next_action.as_str()),
+        EventBody::CancelRequested { note: Some(n) }
+        | EventBody::Cancelled { note: Some(n) }
+        | EventBody::CancelRefused { note: Some(n) } => quoted(n),
+        EventBody::Replayed { note, .. } | EventBody::HoldReleased { note, .. } => quoted(note),
+        EventBody::ResolvedByOperator { note, evidence, .. } => format!("{} evidence={evidence}", quoted(note)),
+        EventBody::Annotated {
+            corrects_version,
+            note,
+            ..
+        } => format!(" corrects v{corrects_version}:{}", quoted(note)),
+        _ => String::new(),
+    }
+}
+
+/// The line shown under a corrected event, for each annotation of it.
+fn correction_line(h: &HistoryEntry) -> Option<(i64, String)> {
+    let EventBody::Annotated {
+        corrects_position,
+        note,
+        ..
+    } = &h.event.body
+    else {
+        return None;
+    };
+    Some((
+        *corrects_position,
+        format!(
+            "{:>7}      ^ corrected by v{} at {} by {}: {:?}",
+            "",
+            h.event.version,
+            fmt_time(h.event.recorded_at),
+            h.event.actor,
+            note
+        ),
+    ))
 }
 
 fn refused_line(r: &RejectionRow) -> String {
@@ -92,15 +139,30 @@ fn refused_line(r: &RejectionRow) -> String {
     )
 }
 
+/// One line per event and refusal, in time; an annotated event is followed
+/// by a line for each correction of it (the correction also has its own
+/// line, when it was made).
 pub async fn lines(ledger: &Ledger, job: Uuid) -> Result<Vec<String>> {
-    Ok(items(ledger, job)
-        .await?
-        .iter()
-        .map(|i| match i {
-            Item::Event(h, step) => format!("{}{}", label(step), event_line(h)),
-            Item::Refused(r, step) => format!("{}{}", label(step), refused_line(r)),
-        })
-        .collect())
+    let items = items(ledger, job).await?;
+    let mut corrections: std::collections::HashMap<i64, Vec<String>> = Default::default();
+    for i in &items {
+        if let Item::Event(h, _) = i {
+            if let Some((at, line)) = correction_line(h) {
+                corrections.entry(at).or_default().push(line);
+            }
+        }
+    }
+    let mut out = Vec::with_capacity(items.len());
+    for i in &items {
+        match i {
+            Item::Event(h, step) => {
+                out.push(format!("{}{}", label(step), event_line(h)));
+                out.extend(corrections.remove(&h.position).unwrap_or_default());
+            }
+            Item::Refused(r, step) => out.push(format!("{}{}", label(step), refused_line(r))),
+        }
+    }
+    Ok(out)
 }
 
 /// One JSON object per line: events as stored, refusals as `{"refused": …}`.

@@ -145,6 +145,16 @@ pub async fn events_between<'e>(
         .await?)
 }
 
+/// `(job_id, version)` of the event at `position`, if there is one.
+pub async fn event_at<'e>(exec: impl PgExecutor<'e>, position: i64) -> StoreResult<Option<(Uuid, i64)>> {
+    Ok(
+        sqlx::query_as("SELECT job_id, version FROM jobledger.events WHERE position = $1")
+            .bind(position)
+            .fetch_optional(exec)
+            .await?,
+    )
+}
+
 /// The writing transaction of the event at `position` (for minimum-position reads).
 pub async fn txid_of_position<'e>(exec: impl PgExecutor<'e>, position: i64) -> StoreResult<Option<i64>> {
     Ok(
