@@ -30,16 +30,30 @@ async fn an_operator_resolves_a_dead_job_with_evidence_and_a_second_one_is_refus
     let evidence = json!({ "dashboard": "refund re_9 settled", "checked_at": "2026-12-02T10:00:00Z" });
     let first = db
         .ledger
-        .resolve(id, "alice", JobState::Succeeded, "refund seen in the provider's dashboard", evidence.clone(), version)
+        .resolve(
+            id,
+            "alice",
+            JobState::Succeeded,
+            "refund seen in the provider's dashboard",
+            evidence.clone(),
+            version,
+        )
         .await
         .unwrap();
     assert!(first.committed(), "{first:?}");
     let j = db.job(id).await;
-    assert_eq!((j.state, j.reason, j.version), (JobState::Succeeded, Reason::ResolvedByOperator, version + 1));
+    assert_eq!(
+        (j.state, j.reason, j.version),
+        (JobState::Succeeded, Reason::ResolvedByOperator, version + 1)
+    );
     let ev = first.event.unwrap();
     assert_eq!(ev.actor, "operator:alice");
     match ev.body {
-        EventBody::ResolvedByOperator { operator, evidence: e, .. } => {
+        EventBody::ResolvedByOperator {
+            operator,
+            evidence: e,
+            ..
+        } => {
             assert_eq!((operator.as_str(), e), ("alice", evidence));
         }
         other => panic!("wrong event {other:?}"),
@@ -47,15 +61,29 @@ async fn an_operator_resolves_a_dead_job_with_evidence_and_a_second_one_is_refus
     // Bob looked at the same version: the job moved under him.
     let second = db
         .ledger
-        .resolve(id, "bob", JobState::Cancelled, "no refund in the dashboard", json!({}), version)
+        .resolve(
+            id,
+            "bob",
+            JobState::Cancelled,
+            "no refund in the dashboard",
+            json!({}),
+            version,
+        )
         .await
         .unwrap();
     assert_eq!(second.outcome, Outcome::Stale, "{second:?}");
     assert!(second.detail.unwrap().contains("moved since version"));
-    assert_eq!(db.job(id).await.state, JobState::Succeeded, "the first verdict stands");
+    assert_eq!(
+        db.job(id).await.state,
+        JobState::Succeeded,
+        "the first verdict stands"
+    );
     let refused = db.ledger.rejections(id).await.unwrap();
     assert_eq!(refused.len(), 1, "the refused verdict is in the history");
-    assert_eq!((refused[0].command.as_str(), refused[0].actor.as_str()), ("resolve_by_operator", "operator:bob"));
+    assert_eq!(
+        (refused[0].command.as_str(), refused[0].actor.as_str()),
+        ("resolve_by_operator", "operator:bob")
+    );
     db.assert_verified().await;
 }
 
@@ -69,13 +97,23 @@ async fn a_job_awaiting_a_receipt_is_resolved_and_its_deadline_cleared() {
     assert_eq!(j.state, JobState::AwaitingReceipt);
     let r = db
         .ledger
-        .resolve(job.job_id, "alice", JobState::Cancelled, "the provider never got it", json!({ "ticket": 7 }), j.version)
+        .resolve(
+            job.job_id,
+            "alice",
+            JobState::Cancelled,
+            "the provider never got it",
+            json!({ "ticket": 7 }),
+            j.version,
+        )
         .await
         .unwrap();
     assert!(r.committed(), "{r:?}");
     let j = db.job(job.job_id).await;
     assert_eq!(j.state, JobState::Cancelled);
-    assert_eq!(j.receipt_deadline, None, "no receipt deadline left for the sweeper");
+    assert_eq!(
+        j.receipt_deadline, None,
+        "no receipt deadline left for the sweeper"
+    );
     db.assert_verified().await;
 }
 
@@ -86,7 +124,14 @@ async fn only_dead_and_receipt_jobs_take_a_verdict_and_bad_verdicts_write_nothin
     let queued = db.enqueue(Some("refund-r3"), json!({})).await;
     let r = db
         .ledger
-        .resolve(queued.job_id, "alice", JobState::Succeeded, "looks done", json!({}), 1)
+        .resolve(
+            queued.job_id,
+            "alice",
+            JobState::Succeeded,
+            "looks done",
+            json!({}),
+            1,
+        )
         .await
         .unwrap();
     assert_eq!(r.outcome, Outcome::InvalidTransition, "{r:?}");
@@ -95,7 +140,10 @@ async fn only_dead_and_receipt_jobs_take_a_verdict_and_bad_verdicts_write_nothin
         .ledger
         .resolve(dead, "alice", JobState::Queued, "retry", json!({}), version)
         .await;
-    assert!(matches!(bad, Err(jobledger::ledger::LedgerError::BadInput(_))), "{bad:?}");
+    assert!(
+        matches!(bad, Err(jobledger::ledger::LedgerError::BadInput(_))),
+        "{bad:?}"
+    );
     let empty = db
         .ledger
         .resolve(dead, "alice", JobState::Succeeded, " ", json!({}), version)
@@ -103,10 +151,20 @@ async fn only_dead_and_receipt_jobs_take_a_verdict_and_bad_verdicts_write_nothin
         .unwrap();
     assert_eq!(empty.outcome, Outcome::InvalidTransition);
     let big = json!({ "blob": "x".repeat(2 * 1024 * 1024) });
-    let big = db.ledger.resolve(dead, "alice", JobState::Succeeded, "proof", big, version).await;
-    assert!(matches!(big, Err(jobledger::ledger::LedgerError::TooLarge { .. })), "{big:?}");
+    let big = db
+        .ledger
+        .resolve(dead, "alice", JobState::Succeeded, "proof", big, version)
+        .await;
+    assert!(
+        matches!(big, Err(jobledger::ledger::LedgerError::TooLarge { .. })),
+        "{big:?}"
+    );
     let j = db.job(dead).await;
-    assert_eq!((j.state, j.version), (JobState::Dead, version), "nothing was written");
+    assert_eq!(
+        (j.state, j.version),
+        (JobState::Dead, version),
+        "nothing was written"
+    );
     db.assert_verified().await;
 }
 
@@ -126,7 +184,14 @@ async fn a_workflow_step_is_not_resolved_by_hand() {
     let v = db.job(step).await.version;
     let r = db
         .ledger
-        .resolve(step, "alice", JobState::Succeeded, "rendered by hand", json!({}), v)
+        .resolve(
+            step,
+            "alice",
+            JobState::Succeeded,
+            "rendered by hand",
+            json!({}),
+            v,
+        )
         .await
         .unwrap();
     assert_eq!(r.outcome, Outcome::InvalidTransition, "{r:?}");
@@ -142,21 +207,37 @@ async fn an_annotation_sits_beside_the_event_it_corrects_and_changes_nothing() {
     let failed = history.last().unwrap();
     let r = db
         .ledger
-        .annotate(id, "carol", failed.position, "the provider was down, not the card")
+        .annotate(
+            id,
+            "carol",
+            failed.position,
+            "the provider was down, not the card",
+        )
         .await
         .unwrap();
     assert!(r.committed(), "{r:?}");
     let j = db.job(id).await;
-    assert_eq!((j.state, j.reason, j.version), (JobState::Dead, Reason::Annotation, version + 1));
+    assert_eq!(
+        (j.state, j.reason, j.version),
+        (JobState::Dead, Reason::Annotation, version + 1)
+    );
     let lines = jobledger::ledger::timeline::lines(&db.ledger, id).await.unwrap();
-    let at = lines.iter().position(|l| l.contains(" failed ")).expect("the failed event's line");
+    let at = lines
+        .iter()
+        .position(|l| l.contains(" failed "))
+        .expect("the failed event's line");
     assert!(
         lines[at + 1].contains("corrected by v") && lines[at + 1].contains("carol"),
         "the correction follows the corrected event: {lines:#?}"
     );
     assert!(lines.last().unwrap().contains("annotated") && lines.last().unwrap().contains("corrects v"));
     // Still replayable: the annotation is no edge of its own.
-    assert!(db.ledger.replay(id, "carol", "after the fix").await.unwrap().committed());
+    assert!(db
+        .ledger
+        .replay(id, "carol", "after the fix")
+        .await
+        .unwrap()
+        .committed());
     db.assert_verified().await;
 }
 
@@ -167,9 +248,18 @@ async fn an_annotation_names_an_event_of_its_own_job() {
     let b = db.enqueue(Some("b"), json!({})).await;
     let b_first = db.ledger.history(b.job_id).await.unwrap()[0].position;
     let other = db.ledger.annotate(a.job_id, "carol", b_first, "wrong job").await;
-    assert!(matches!(other, Err(jobledger::ledger::LedgerError::BadInput(_))), "{other:?}");
-    let none = db.ledger.annotate(a.job_id, "carol", 1_000_000, "no such event").await;
-    assert!(matches!(none, Err(jobledger::ledger::LedgerError::BadInput(_))), "{none:?}");
+    assert!(
+        matches!(other, Err(jobledger::ledger::LedgerError::BadInput(_))),
+        "{other:?}"
+    );
+    let none = db
+        .ledger
+        .annotate(a.job_id, "carol", 1_000_000, "no such event")
+        .await;
+    assert!(
+        matches!(none, Err(jobledger::ledger::LedgerError::BadInput(_))),
+        "{none:?}"
+    );
     assert_eq!(db.job(a.job_id).await.version, 1, "nothing was written");
 }
 
@@ -177,10 +267,25 @@ async fn an_annotation_names_an_event_of_its_own_job() {
 async fn history_prints_the_next_action_and_the_operators_words() {
     let db = fresh().await;
     let (id, _) = dead_job(&db, "refund-h1").await;
-    assert!(db.ledger.replay(id, "dave", "provider fixed").await.unwrap().committed());
+    assert!(db
+        .ledger
+        .replay(id, "dave", "provider fixed")
+        .await
+        .unwrap()
+        .committed());
     let lines = jobledger::ledger::timeline::lines(&db.ledger, id).await.unwrap();
-    assert!(lines.iter().any(|l| l.contains(" claimed ") && l.contains("next=execute")), "{lines:#?}");
-    assert!(lines.iter().any(|l| l.contains(" replayed ") && l.contains("\"provider fixed\"")), "{lines:#?}");
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains(" claimed ") && l.contains("next=execute")),
+        "{lines:#?}"
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains(" replayed ") && l.contains("\"provider fixed\"")),
+        "{lines:#?}"
+    );
 }
 
 /// The CLI's `resolve` and `annotate`: the same outcomes as the library,
@@ -193,36 +298,98 @@ async fn the_cli_resolves_and_annotates() {
     let (id_s, v_s) = (id.to_string(), version.to_string());
     let bad = jl(
         &db.url,
-        &["resolve", &id_s, "--as", "queued", "--reason", "r", "--evidence", "{}", "--version", &v_s, "--operator", "o"],
+        &[
+            "resolve",
+            &id_s,
+            "--as",
+            "queued",
+            "--reason",
+            "r",
+            "--evidence",
+            "{}",
+            "--version",
+            &v_s,
+            "--operator",
+            "o",
+        ],
     );
     assert_eq!(bad.code, 2, "clap refuses a verdict that is none: {}", bad.stderr);
     let not_json = jl(
         &db.url,
-        &["resolve", &id_s, "--as", "succeeded", "--reason", "r", "--evidence", "{", "--version", &v_s, "--operator", "o"],
+        &[
+            "resolve",
+            &id_s,
+            "--as",
+            "succeeded",
+            "--reason",
+            "r",
+            "--evidence",
+            "{",
+            "--version",
+            &v_s,
+            "--operator",
+            "o",
+        ],
     );
     assert_eq!(not_json.code, 2, "{}", not_json.stderr);
     assert_eq!(db.job(id).await.version, version, "nothing was written");
     let ok = jl(
         &db.url,
         &[
-            "resolve", &id_s, "--as", "succeeded", "--reason", "seen in the dashboard", "--evidence",
-            r#"{"refund":"re_1"}"#, "--version", &v_s, "--operator", "alice",
+            "resolve",
+            &id_s,
+            "--as",
+            "succeeded",
+            "--reason",
+            "seen in the dashboard",
+            "--evidence",
+            r#"{"refund":"re_1"}"#,
+            "--version",
+            &v_s,
+            "--operator",
+            "alice",
         ],
     );
     assert_eq!(ok.code, 0, "{} {}", ok.stdout, ok.stderr);
     assert_eq!(ok.json()["outcome"], "committed");
     let again = jl(
         &db.url,
-        &["resolve", &id_s, "--as", "cancelled", "--reason", "r", "--evidence", "{}", "--version", &v_s, "--operator", "bob"],
+        &[
+            "resolve",
+            &id_s,
+            "--as",
+            "cancelled",
+            "--reason",
+            "r",
+            "--evidence",
+            "{}",
+            "--version",
+            &v_s,
+            "--operator",
+            "bob",
+        ],
     );
     assert_eq!((again.code, again.json()["outcome"].as_str()), (3, Some("stale")));
     let first = db.ledger.history(id).await.unwrap()[0].position.to_string();
     let note = jl(
         &db.url,
-        &["annotate", &id_s, "--corrects", &first, "--reason", "key was mistyped", "--operator", "carol"],
+        &[
+            "annotate",
+            &id_s,
+            "--corrects",
+            &first,
+            "--reason",
+            "key was mistyped",
+            "--operator",
+            "carol",
+        ],
     );
     assert_eq!(note.code, 0, "{} {}", note.stdout, note.stderr);
     let history = jl(&db.url, &["history", &id_s]);
-    assert!(history.stdout.contains("corrected by v") && history.stdout.contains("key was mistyped"), "{}", history.stdout);
+    assert!(
+        history.stdout.contains("corrected by v") && history.stdout.contains("key was mistyped"),
+        "{}",
+        history.stdout
+    );
     db.assert_verified().await;
 }

@@ -293,7 +293,9 @@ async fn operator_writes(ledger: &Ledger, cli: &Cli) -> Result<i32> {
             corrects,
             reason,
             operator,
-        } => Ok(written(&ledger.annotate(*job, operator, *corrects, reason).await?)),
+        } => Ok(written(
+            &ledger.annotate(*job, operator, *corrects, reason).await?,
+        )),
         Cmd::Sweep => {
             let changed = ledger.sweep(500).await?;
             for r in &changed {

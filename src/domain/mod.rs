@@ -9,8 +9,8 @@ pub mod digest;
 pub mod event;
 pub mod fence;
 pub mod model;
-pub mod reason;
 mod operator;
+pub mod reason;
 mod steps;
 pub mod workflow;
 

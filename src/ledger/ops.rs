@@ -61,7 +61,12 @@ impl Ledger {
             .collect())
     }
 
-    pub(super) async fn transition(&self, job_id: Uuid, actor: &str, cmd: Command) -> LedgerResult<WriteResult> {
+    pub(super) async fn transition(
+        &self,
+        job_id: Uuid,
+        actor: &str,
+        cmd: Command,
+    ) -> LedgerResult<WriteResult> {
         run_transition(&self.pool, job_id, actor, cmd).await
     }
 

@@ -92,7 +92,9 @@ fn detail(body: &EventBody) -> String {
         | EventBody::Cancelled { note: Some(n) }
         | EventBody::CancelRefused { note: Some(n) } => quoted(n),
         EventBody::Replayed { note, .. } | EventBody::HoldReleased { note, .. } => quoted(note),
-        EventBody::ResolvedByOperator { note, evidence, .. } => format!("{} evidence={evidence}", quoted(note)),
+        EventBody::ResolvedByOperator { note, evidence, .. } => {
+            format!("{} evidence={evidence}", quoted(note))
+        }
         EventBody::Annotated {
             corrects_version,
             note,

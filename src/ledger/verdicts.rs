@@ -41,7 +41,8 @@ impl Ledger {
             evidence,
             expected_version,
         };
-        self.transition(job_id, &format!("operator:{operator}"), cmd).await
+        self.transition(job_id, &format!("operator:{operator}"), cmd)
+            .await
     }
 
     /// Appends a correction of the event at log position `corrects`, which
@@ -71,6 +72,7 @@ impl Ledger {
             corrects_version: version,
             note: note.into(),
         };
-        self.transition(job_id, &format!("operator:{operator}"), cmd).await
+        self.transition(job_id, &format!("operator:{operator}"), cmd)
+            .await
     }
 }
