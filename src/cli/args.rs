@@ -275,6 +275,20 @@ pub enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// The HTTP API (`/v1`, bearer tokens; docs/http.md) until SIGTERM.
+    Serve {
+        #[arg(long, default_value = "127.0.0.1:8080")]
+        listen: std::net::SocketAddr,
+        /// How long open requests may finish after SIGTERM.
+        #[arg(long, value_parser = parse::duration, default_value = "10s")]
+        drain_timeout: std::time::Duration,
+    },
+    /// Bearer tokens of the HTTP API: `create --role R --name N` (prints the
+    /// token once), `revoke --name N`, `list`.
+    Token {
+        #[command(subcommand)]
+        action: TokenCmd,
+    },
     /// Workflows: `create @spec.json` (a JSON DAG of steps), `show PARENT`,
     /// `cancel PARENT`, `release-hold STEP` (docs/state-machine.md).
     Workflow {
@@ -441,4 +455,22 @@ pub enum Cmd {
         #[arg(long, default_value = "127.0.0.1:9092")]
         brokers: String,
     },
+}
+
+#[derive(clap::Subcommand, Debug)]
+pub enum TokenCmd {
+    /// Creates a token; prints it once (only its hash is stored).
+    Create {
+        #[arg(long, value_parser = ["reader", "worker", "operator", "admin"])]
+        role: String,
+        #[arg(long)]
+        name: String,
+    },
+    /// Revokes a token: from now on it is refused.
+    Revoke {
+        #[arg(long)]
+        name: String,
+    },
+    /// Every token's name, role and dates (never the token).
+    List,
 }

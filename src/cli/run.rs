@@ -4,10 +4,11 @@ use anyhow::{Context, Result};
 use serde_json::json;
 use std::time::Duration;
 
-use super::args::{Cli, Cmd, FenceArgs};
+use super::args::{Cli, Cmd, FenceArgs, TokenCmd};
 use super::output::{self, line, outcome_code, write_json, BadInput};
 use super::parse::json_arg;
 use jobledger::domain::{digest::fmt_time, Fence, JobState, NewJob};
+use jobledger::ledger::tokens::Role;
 use jobledger::ledger::{Lease, Ledger, Limits, WriteResult};
 
 fn ms(d: Duration) -> i64 {
@@ -101,7 +102,12 @@ pub async fn run(cli: Cli) -> Result<i32> {
         Cmd::Show { .. } | Cmd::History { .. } | Cmd::ReplayLog { .. } | Cmd::Stats | Cmd::Verify { .. } => {
             super::reads::run(&ledger, &cli).await
         }
-        Cmd::Relay { .. } | Cmd::Worker { .. } | Cmd::Consume { .. } | Cmd::Projections { .. } => {
+        Cmd::Token { action } => tokens(&ledger, action).await,
+        Cmd::Relay { .. }
+        | Cmd::Worker { .. }
+        | Cmd::Consume { .. }
+        | Cmd::Projections { .. }
+        | Cmd::Serve { .. } => {
             super::services::run(ledger, &cli).await
         }
     }
@@ -311,4 +317,26 @@ async fn operator_writes(ledger: &Ledger, cli: &Cli) -> Result<i32> {
         }
         _ => unreachable!("dispatched by `run`"),
     }
+}
+
+/// `token create|revoke|list`.
+async fn tokens(ledger: &Ledger, action: &TokenCmd) -> Result<i32> {
+    match action {
+        TokenCmd::Create { role, name } => {
+            let role = Role::parse(role).expect("clap allows only the four roles");
+            let token = ledger.create_token(name, role).await?;
+            line(&json!({ "name": name, "role": role.as_str(), "token": token }));
+            eprintln!("token {name:?}: shown once; only its hash is kept");
+        }
+        TokenCmd::Revoke { name } => {
+            ledger.revoke_token(name).await?;
+            line(&json!({ "name": name, "revoked": true }));
+        }
+        TokenCmd::List => {
+            for t in ledger.tokens().await? {
+                line(&serde_json::to_value(t)?);
+            }
+        }
+    }
+    Ok(output::OK)
 }

@@ -8,6 +8,7 @@ mod follow;
 mod lease;
 mod ops;
 pub mod timeline;
+pub mod tokens;
 mod validate;
 mod verdicts;
 mod verify;

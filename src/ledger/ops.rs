@@ -91,12 +91,18 @@ impl Ledger {
 
     #[instrument(skip(self, note), fields(job_id = %job_id))]
     pub async fn cancel(&self, job_id: Uuid, note: Option<&str>) -> LedgerResult<WriteResult> {
+        self.cancel_as(job_id, "api", note).await
+    }
+
+    /// `cancel`, recorded with `actor` (an operator's or token's name).
+    pub async fn cancel_as(&self, job_id: Uuid, actor: &str, note: Option<&str>) -> LedgerResult<WriteResult> {
+        self.limits.name("actor", actor)?;
         if let Some(n) = note {
             self.limits.text("reason", n)?;
         }
         self.transition(
             job_id,
-            "api",
+            actor,
             Command::Cancel {
                 note: note.map(Into::into),
             },

@@ -1,0 +1,146 @@
+//! `/v1/jobs`: enqueue, show, history and the operators' writes.
+
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use uuid::Uuid;
+
+use super::{written, ApiError, ApiResult, App, Authed, Body};
+use jobledger::domain::{digest::fmt_time, JobState, NewJob};
+use jobledger::ledger::tokens::Action;
+use jobledger::ledger::Found;
+
+/// The body as `T`, or 400 with serde's one-line reason.
+fn body<T: DeserializeOwned>(raw: &Body) -> ApiResult<T> {
+    serde_json::from_slice(&raw.0).map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, format!("bad request body: {e}")))
+}
+
+fn job_id(raw: &str) -> ApiResult<Uuid> {
+    Uuid::parse_str(raw).map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, format!("bad job id {raw:?}: {e}")))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EnqueueBody {
+    queue: String,
+    kind: String,
+    key: Option<String>,
+    #[serde(default)]
+    payload: Value,
+    #[serde(default)]
+    priority: i16,
+    delay_ms: Option<i64>,
+    run_at: Option<chrono::DateTime<chrono::Utc>>,
+}
+
+pub async fn enqueue(State(app): State<App>, auth: Authed, raw: Body) -> ApiResult<Response> {
+    auth.may(Action::Enqueue)?;
+    let b: EnqueueBody = body(&raw)?;
+    if b.delay_ms.is_some() && b.run_at.is_some() {
+        return Err(ApiError::new(StatusCode::BAD_REQUEST, "give delay_ms or run_at, not both"));
+    }
+    let e = app
+        .ledger
+        .enqueue(NewJob {
+            queue: b.queue,
+            kind: b.kind,
+            job_key: b.key,
+            payload: b.payload,
+            priority: b.priority,
+            run_at: b.run_at,
+            delay_ms: b.delay_ms,
+            policy: None,
+        })
+        .await?;
+    let status = if e.created { StatusCode::CREATED } else { StatusCode::OK };
+    let v = json!({
+        "job_id": e.job.job_id, "epoch": e.job.epoch, "token": e.job.token,
+        "state": e.job.state, "created": e.created, "position": e.position,
+    });
+    Ok((status, Json(v)).into_response())
+}
+
+pub async fn show(State(app): State<App>, auth: Authed, Path(id): Path<String>) -> ApiResult<Json<Value>> {
+    auth.may(Action::Read)?;
+    Ok(Json(match app.ledger.show(job_id(&id)?).await? {
+        Found::Live(j) => crate::cli::output::job_json(&j),
+        Found::Purged(t) => json!({
+            "job_id": t.job_id, "state": t.state, "purged": true, "purged_at": fmt_time(t.purged_at),
+            "queue": t.queue, "key": t.job_key, "epoch": t.epoch, "token": t.token, "version": t.version,
+        }),
+    }))
+}
+
+pub async fn history(State(app): State<App>, auth: Authed, Path(id): Path<String>) -> ApiResult<Json<Value>> {
+    auth.may(Action::Read)?;
+    let id = job_id(&id)?;
+    // A purged or unknown job has no timeline to tell: 404 before reading.
+    app.ledger.show(id).await?;
+    let lines = jobledger::ledger::timeline::json_lines(&app.ledger, id).await?;
+    Ok(Json(json!({ "job_id": id, "entries": lines })))
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct ReasonBody {
+    reason: Option<String>,
+}
+
+pub async fn cancel(State(app): State<App>, auth: Authed, Path(id): Path<String>, raw: Body) -> ApiResult<Response> {
+    let caller = auth.may(Action::Operate)?;
+    let b: ReasonBody = if raw.0.is_empty() { ReasonBody::default() } else { body(&raw)? };
+    let actor = format!("operator:{}", caller.name);
+    Ok(written(&app.ledger.cancel_as(job_id(&id)?, &actor, b.reason.as_deref()).await?))
+}
+
+pub async fn replay(State(app): State<App>, auth: Authed, Path(id): Path<String>, raw: Body) -> ApiResult<Response> {
+    let caller = auth.may(Action::Operate)?;
+    let b: ReasonBody = body(&raw)?;
+    let reason = b
+        .reason
+        .ok_or_else(|| ApiError::new(StatusCode::BAD_REQUEST, "a replay needs a reason"))?;
+    Ok(written(&app.ledger.replay(job_id(&id)?, &caller.name, &reason).await?))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ResolveBody {
+    verdict: String,
+    reason: String,
+    evidence: Value,
+    version: i64,
+}
+
+pub async fn resolve(State(app): State<App>, auth: Authed, Path(id): Path<String>, raw: Body) -> ApiResult<Response> {
+    let caller = auth.may(Action::Operate)?;
+    let b: ResolveBody = body(&raw)?;
+    let verdict = JobState::parse(&b.verdict)
+        .filter(|s| matches!(s, JobState::Succeeded | JobState::Cancelled))
+        .ok_or_else(|| ApiError::new(StatusCode::BAD_REQUEST, "verdict is succeeded or cancelled"))?;
+    let r = app
+        .ledger
+        .resolve(job_id(&id)?, &caller.name, verdict, &b.reason, b.evidence, b.version)
+        .await?;
+    Ok(written(&r))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AnnotateBody {
+    corrects: i64,
+    reason: String,
+}
+
+pub async fn annotate(State(app): State<App>, auth: Authed, Path(id): Path<String>, raw: Body) -> ApiResult<Response> {
+    let caller = auth.may(Action::Operate)?;
+    let b: AnnotateBody = body(&raw)?;
+    Ok(written(
+        &app.ledger
+            .annotate(job_id(&id)?, &caller.name, b.corrects, &b.reason)
+            .await?,
+    ))
+}

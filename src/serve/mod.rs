@@ -1,0 +1,172 @@
+//! `jobledger serve`: the HTTP front door (JSON under `/v1`). A thin adapter
+//! like the CLI: parse the request, check the caller's token and role, call
+//! the ledger, render; the same operations and the same five write outcomes.
+//! Statuses (docs/http.md): committed and already_committed 200 (an enqueue
+//! that created its job 201); stale and conflict 409; invalid_transition
+//! 422; bad input 400; over the payload limit 413; no or unknown token 401;
+//! a role without the right 403; unknown job 404. A stale or conflicting
+//! write is never a 5xx and never a 200.
+
+mod jobs;
+
+use axum::extract::{DefaultBodyLimit, FromRequestParts};
+use axum::http::{request::Parts, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde_json::json;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+use jobledger::domain::Outcome;
+use jobledger::ledger::tokens::{Action, Caller};
+use jobledger::ledger::{Ledger, LedgerError, WriteResult};
+
+/// A refusal with its status and a one-line reason.
+#[derive(Debug)]
+pub struct ApiError(StatusCode, String);
+
+impl ApiError {
+    fn new(status: StatusCode, why: impl Into<String>) -> Self {
+        ApiError(status, why.into())
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.0, Json(json!({ "error": self.1 }))).into_response()
+    }
+}
+
+impl From<LedgerError> for ApiError {
+    fn from(e: LedgerError) -> Self {
+        let status = match &e {
+            LedgerError::BadInput(_) => StatusCode::BAD_REQUEST,
+            LedgerError::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            LedgerError::KeyConflict { .. } => StatusCode::CONFLICT,
+            LedgerError::NotFound(_) => StatusCode::NOT_FOUND,
+            _ => {
+                tracing::error!("request failed: {e}");
+                return ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal error (logged)");
+            }
+        };
+        ApiError::new(status, e.to_string())
+    }
+}
+
+type ApiResult<T> = Result<T, ApiError>;
+
+/// A write's answer: the status says the outcome, the body is the CLI's.
+fn written(r: &WriteResult) -> Response {
+    let status = match r.outcome {
+        Outcome::Committed | Outcome::AlreadyCommitted => StatusCode::OK,
+        Outcome::Stale | Outcome::Conflict => StatusCode::CONFLICT,
+        Outcome::InvalidTransition => StatusCode::UNPROCESSABLE_ENTITY,
+    };
+    (status, Json(crate::cli::output::write_json(r))).into_response()
+}
+
+#[derive(Clone)]
+struct App {
+    ledger: Ledger,
+    max_body: usize,
+}
+
+/// A request's body within the limit; over it, 413 with a one-line reason
+/// in JSON like every other refusal (axum's own is plain text).
+pub struct Body(pub axum::body::Bytes);
+
+impl<S: Send + Sync> axum::extract::FromRequest<S> for Body {
+    type Rejection = ApiError;
+
+    async fn from_request(req: axum::extract::Request, state: &S) -> Result<Self, Self::Rejection> {
+        match axum::body::Bytes::from_request(req, state).await {
+            Ok(b) => Ok(Body(b)),
+            Err(e) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => Err(ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "the request body is over the payload limit",
+            )),
+            Err(e) => Err(ApiError::new(StatusCode::BAD_REQUEST, e.body_text())),
+        }
+    }
+}
+
+/// The caller behind `Authorization: Bearer <token>`.
+struct Authed(Caller);
+
+impl Authed {
+    fn may(&self, action: Action) -> ApiResult<&Caller> {
+        if self.0.role.may(action) {
+            Ok(&self.0)
+        } else {
+            Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                format!("token {:?} has role {}, which may not do this", self.0.name, self.0.role.as_str()),
+            ))
+        }
+    }
+}
+
+impl FromRequestParts<App> for Authed {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, app: &App) -> Result<Self, Self::Rejection> {
+        let header = parts
+            .headers
+            .get(axum::http::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .ok_or_else(|| ApiError::new(StatusCode::UNAUTHORIZED, "no bearer token (Authorization: Bearer …)"))?;
+        let token = header
+            .strip_prefix("Bearer ")
+            .ok_or_else(|| ApiError::new(StatusCode::UNAUTHORIZED, "the Authorization header is not Bearer"))?;
+        match app.ledger.authenticate(token.trim()).await? {
+            Some(c) => Ok(Authed(c)),
+            None => Err(ApiError::new(StatusCode::UNAUTHORIZED, "unknown or revoked token")),
+        }
+    }
+}
+
+fn router(app: App) -> Router {
+    // The limit on a whole body: the largest payload plus room for the rest
+    // of the request; the ledger still checks each payload exactly.
+    let limit = app.max_body + 64 * 1024;
+    Router::new()
+        .route("/v1/jobs", post(jobs::enqueue))
+        .route("/v1/jobs/{id}", get(jobs::show))
+        .route("/v1/jobs/{id}/history", get(jobs::history))
+        .route("/v1/jobs/{id}/cancel", post(jobs::cancel))
+        .route("/v1/jobs/{id}/replay", post(jobs::replay))
+        .route("/v1/jobs/{id}/resolve", post(jobs::resolve))
+        .route("/v1/jobs/{id}/annotate", post(jobs::annotate))
+        .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "no such route") })
+        .layer(DefaultBodyLimit::max(limit))
+        .with_state(app)
+}
+
+/// Serves until `stop` (SIGTERM / Ctrl-C), then drains open requests for at
+/// most `drain`. Prints `{"listening": ADDR}` once bound.
+pub async fn serve(
+    ledger: Ledger,
+    listen: std::net::SocketAddr,
+    max_body: usize,
+    stop: CancellationToken,
+    drain: Duration,
+) -> anyhow::Result<()> {
+    if !listen.ip().is_loopback() {
+        tracing::warn!("serving on {listen}, not a loopback address: put TLS in front of it");
+    }
+    let listener = tokio::net::TcpListener::bind(listen).await?;
+    crate::cli::output::line(&json!({ "listening": listener.local_addr()?.to_string() }));
+    let app = router(App { ledger, max_body });
+    let graceful = {
+        let stop = stop.clone();
+        async move { stop.cancelled().await }
+    };
+    let server = tokio::spawn(async move { axum::serve(listener, app).with_graceful_shutdown(graceful).await });
+    stop.cancelled().await;
+    match tokio::time::timeout(drain, server).await {
+        Ok(r) => r??,
+        Err(_) => tracing::warn!("requests still open after {drain:?}: stopping anyway"),
+    }
+    Ok(())
+}

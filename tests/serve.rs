@@ -1,0 +1,182 @@
+//! `jobledger serve`, the binary itself on a loopback port: every route of
+//! this first part of the API, every role, every write outcome's status,
+//! bad and oversized input (nothing written), and a clean stop on SIGTERM.
+
+mod common;
+
+use common::fresh;
+use jobledger::domain::{ErrorClass, JobState};
+use jobledger::ledger::tokens::Role;
+use serde_json::{json, Value};
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+
+struct Server {
+    child: Child,
+    base: String,
+}
+
+impl Server {
+    fn start(url: &str) -> Server {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_jobledger"))
+            .args(["serve", "--listen", "127.0.0.1:0"])
+            .env("DATABASE_URL", url)
+            .env_remove("RUST_LOG")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("run jobledger serve");
+        let mut first = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut first)
+            .unwrap();
+        let v: Value = serde_json::from_str(&first).unwrap_or_else(|e| panic!("{first:?}: {e}"));
+        let base = format!("http://{}", v["listening"].as_str().unwrap());
+        Server { child, base }
+    }
+
+    /// SIGTERM, then the exit code.
+    fn stop(mut self) -> i32 {
+        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+        self.child.wait().unwrap().code().unwrap_or(-1)
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+    }
+}
+
+async fn call(method: &str, url: &str, token: Option<&str>, body: Option<String>) -> (u16, Value) {
+    let client = reqwest::Client::new();
+    let mut req = client.request(method.parse().unwrap(), url);
+    if let Some(t) = token {
+        req = req.bearer_auth(t);
+    }
+    if let Some(b) = body {
+        req = req.header("content-type", "application/json").body(b);
+    }
+    let resp = req.send().await.expect("the server answers");
+    let status = resp.status().as_u16();
+    let text = resp.text().await.unwrap();
+    let v = serde_json::from_str(&text).unwrap_or_else(|e| panic!("not JSON ({e}): {text:?}"));
+    (status, v)
+}
+
+fn one_line(v: &Value) -> &str {
+    let e = v["error"].as_str().unwrap_or_else(|| panic!("no error in {v}"));
+    assert!(!e.contains('\n'), "one line: {e:?}");
+    e
+}
+
+#[tokio::test]
+async fn tokens_and_roles_guard_every_route() {
+    let db = fresh().await;
+    let reader = db.ledger.create_token("rita", Role::Reader).await.unwrap();
+    let worker = db.ledger.create_token("wes", Role::Worker).await.unwrap();
+    let gone = db.ledger.create_token("old", Role::Admin).await.unwrap();
+    db.ledger.revoke_token("old").await.unwrap();
+    let s = Server::start(&db.url);
+    let jobs = format!("{}/v1/jobs", s.base);
+    let body = || Some(json!({ "queue": "q", "kind": "k", "key": "k1", "payload": { "a": 1 } }).to_string());
+
+    let (st, v) = call("POST", &jobs, None, body()).await;
+    assert_eq!(st, 401, "{v}");
+    one_line(&v);
+    let (st, _) = call("POST", &jobs, Some("jl_not_a_token"), body()).await;
+    assert_eq!(st, 401);
+    let (st, _) = call("POST", &jobs, Some(&gone), body()).await;
+    assert_eq!(st, 401, "a revoked token is refused");
+    let (st, v) = call("POST", &jobs, Some(&reader), body()).await;
+    assert_eq!(st, 403, "a reader does not enqueue: {v}");
+    assert!(one_line(&v).contains("reader"));
+
+    let (st, created) = call("POST", &jobs, Some(&worker), body()).await;
+    assert_eq!((st, created["created"].as_bool()), (201, Some(true)), "{created}");
+    let (st, again) = call("POST", &jobs, Some(&worker), body()).await;
+    assert_eq!((st, again["job_id"].clone()), (200, created["job_id"].clone()), "idempotent by key");
+    let id = created["job_id"].as_str().unwrap().to_string();
+
+    let (st, v) = call("GET", &format!("{jobs}/{id}"), Some(&reader), None).await;
+    assert_eq!((st, v["state"].as_str()), (200, Some("queued")), "{v}");
+    let (st, v) = call("GET", &format!("{jobs}/{id}/history"), Some(&reader), None).await;
+    assert_eq!((st, v["entries"].as_array().map(Vec::len)), (200, Some(1)), "{v}");
+    let (st, v) = call("POST", &format!("{jobs}/{id}/cancel"), Some(&worker), None).await;
+    assert_eq!(st, 403, "a worker does not cancel: {v}");
+    assert_eq!(db.job(id.parse().unwrap()).await.version, 1, "nothing was written");
+    assert_eq!(s.stop(), 0, "SIGTERM stops the server cleanly");
+}
+
+#[tokio::test]
+async fn bad_and_oversized_input_is_a_4xx_and_writes_nothing() {
+    let db = fresh().await;
+    let op = db.ledger.create_token("olga", Role::Operator).await.unwrap();
+    let s = Server::start(&db.url);
+    let jobs = format!("{}/v1/jobs", s.base);
+    let cases = [
+        ("{\"queue\": \"q\"".to_string(), 400),
+        (json!({ "queue": "q" }).to_string(), 400),
+        (json!({ "queue": "q", "kind": "k", "colour": "red" }).to_string(), 400),
+        (json!({ "queue": "", "kind": "k" }).to_string(), 400),
+        (json!({ "queue": "q", "kind": "k", "delay_ms": 5, "run_at": "2026-12-02T00:00:00Z" }).to_string(), 400),
+        (json!({ "queue": "q", "kind": "k", "payload": "x".repeat(1_100_000) }).to_string(), 413),
+        (json!({ "queue": "q", "kind": "k", "payload": "x".repeat(3_000_000) }).to_string(), 413),
+    ];
+    for (body, want) in cases {
+        let (st, v) = call("POST", &jobs, Some(&op), Some(body.clone())).await;
+        assert_eq!(st, want, "{} -> {v}", &body[..body.len().min(80)]);
+        one_line(&v);
+    }
+    assert_eq!(db.count("SELECT count(*) FROM jobledger.events").await, 0, "nothing was written");
+    let (st, v) = call("GET", &format!("{jobs}/not-a-uuid"), Some(&op), None).await;
+    assert_eq!(st, 400, "{v}");
+    let (st, v) = call("GET", &format!("{jobs}/{}", uuid::Uuid::now_v7()), Some(&op), None).await;
+    assert_eq!(st, 404, "{v}");
+    let (st, v) = call("GET", &format!("{}/v1/nothing", s.base), Some(&op), None).await;
+    assert_eq!(st, 404, "{v}");
+}
+
+#[tokio::test]
+async fn write_outcomes_have_their_statuses_and_the_token_is_the_actor() {
+    let db = fresh().await;
+    let op = db.ledger.create_token("olga", Role::Operator).await.unwrap();
+    let s = Server::start(&db.url);
+    let jobs = format!("{}/v1/jobs", s.base);
+    // A dead job, and a queued one.
+    let dead = db.enqueue(Some("d"), json!({})).await.job_id;
+    let lease = db.claim_one("w").await;
+    assert!(lease.fail(ErrorClass::Permanent, "declined", None).await.unwrap().committed());
+    let queued = db.enqueue(Some("q"), json!({})).await.job_id;
+    let version = db.job(dead).await.version;
+
+    let replay_queued = call("POST", &format!("{jobs}/{queued}/replay"), Some(&op), Some(json!({ "reason": "r" }).to_string())).await;
+    assert_eq!(replay_queued.0, 422, "invalid_transition: {}", replay_queued.1);
+    assert_eq!(replay_queued.1["outcome"], "invalid_transition");
+    let stale = json!({ "verdict": "succeeded", "reason": "seen", "evidence": {}, "version": version - 1 }).to_string();
+    let (st, v) = call("POST", &format!("{jobs}/{dead}/resolve"), Some(&op), Some(stale)).await;
+    assert_eq!((st, v["outcome"].as_str()), (409, Some("stale")), "{v}");
+    let bad = json!({ "verdict": "queued", "reason": "seen", "evidence": {}, "version": version }).to_string();
+    let (st, _) = call("POST", &format!("{jobs}/{dead}/resolve"), Some(&op), Some(bad)).await;
+    assert_eq!(st, 400);
+    let ok = json!({ "verdict": "succeeded", "reason": "seen in the dashboard", "evidence": { "re": 1 }, "version": version });
+    let (st, v) = call("POST", &format!("{jobs}/{dead}/resolve"), Some(&op), Some(ok.to_string())).await;
+    assert_eq!((st, v["outcome"].as_str()), (200, Some("committed")), "{v}");
+    assert_eq!(db.job(dead).await.state, JobState::Succeeded);
+
+    let (st, v) = call("POST", &format!("{jobs}/{queued}/cancel"), Some(&op), Some(json!({ "reason": "dup" }).to_string())).await;
+    assert_eq!((st, v["outcome"].as_str()), (200, Some("committed")), "{v}");
+    let (st, v) = call("POST", &format!("{jobs}/{queued}/cancel"), Some(&op), None).await;
+    assert_eq!((st, v["outcome"].as_str()), (200, Some("already_committed")), "{v}");
+    let first = db.ledger.history(dead).await.unwrap()[0].position;
+    let note = json!({ "corrects": first, "reason": "key mistyped" }).to_string();
+    let (st, v) = call("POST", &format!("{jobs}/{dead}/annotate"), Some(&op), Some(note)).await;
+    assert_eq!(st, 200, "{v}");
+
+    for id in [dead, queued] {
+        let last = db.ledger.history(id).await.unwrap().pop().unwrap();
+        assert_eq!(last.event.actor, "operator:olga", "the token's name is the actor");
+    }
+    db.assert_verified().await;
+}
