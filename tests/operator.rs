@@ -66,7 +66,7 @@ async fn an_operator_resolves_a_dead_job_with_evidence_and_a_second_one_is_refus
             "bob",
             JobState::Cancelled,
             "no refund in the dashboard",
-            json!({}),
+            json!({ "checked": true }),
             version,
         )
         .await
@@ -129,7 +129,7 @@ async fn only_dead_and_receipt_jobs_take_a_verdict_and_bad_verdicts_write_nothin
             "alice",
             JobState::Succeeded,
             "looks done",
-            json!({}),
+            json!({ "checked": true }),
             1,
         )
         .await
@@ -138,18 +138,41 @@ async fn only_dead_and_receipt_jobs_take_a_verdict_and_bad_verdicts_write_nothin
     // Not a verdict, an empty reason, an oversized evidence: refused up front.
     let bad = db
         .ledger
-        .resolve(dead, "alice", JobState::Queued, "retry", json!({}), version)
+        .resolve(
+            dead,
+            "alice",
+            JobState::Queued,
+            "retry",
+            json!({ "t": 1 }),
+            version,
+        )
         .await;
     assert!(
         matches!(bad, Err(jobledger::ledger::LedgerError::BadInput(_))),
         "{bad:?}"
     );
-    let empty = db
-        .ledger
-        .resolve(dead, "alice", JobState::Succeeded, " ", json!({}), version)
-        .await
-        .unwrap();
-    assert_eq!(empty.outcome, Outcome::InvalidTransition);
+    for (operator, note, evidence, v) in [
+        ("alice", " ", json!({ "t": 1 }), version),
+        ("alice\n     99 v9 forged line", "r", json!({ "t": 1 }), version),
+        ("alice", "r", json!({}), version),
+        ("alice", "r", json!(null), version),
+        ("alice", "r", json!([1]), version),
+        ("alice", "r", json!({ "t": 1 }), 0),
+        ("alice", "r", json!({ "t": 1 }), -5),
+    ] {
+        let r = db
+            .ledger
+            .resolve(dead, operator, JobState::Succeeded, note, evidence.clone(), v)
+            .await;
+        assert!(
+            matches!(r, Err(jobledger::ledger::LedgerError::BadInput(_))),
+            "{operator:?} {note:?} {evidence} {v}: {r:?}"
+        );
+    }
+    assert!(
+        db.ledger.rejections(dead).await.unwrap().is_empty(),
+        "bad input is not a refused write"
+    );
     let big = json!({ "blob": "x".repeat(2 * 1024 * 1024) });
     let big = db
         .ledger
@@ -189,7 +212,7 @@ async fn a_workflow_step_is_not_resolved_by_hand() {
             "alice",
             JobState::Succeeded,
             "rendered by hand",
-            json!({}),
+            json!({ "checked": true }),
             v,
         )
         .await
@@ -219,7 +242,12 @@ async fn an_annotation_sits_beside_the_event_it_corrects_and_changes_nothing() {
     let j = db.job(id).await;
     assert_eq!(
         (j.state, j.reason, j.version),
-        (JobState::Dead, Reason::Annotation, version + 1)
+        (JobState::Dead, Reason::PermanentError, version + 1)
+    );
+    // Nothing the purger, a batch replay or a hold goes by has moved.
+    assert_eq!(
+        j.updated_at, failed.event.recorded_at,
+        "the job's time is its last real edge's"
     );
     let lines = jobledger::ledger::timeline::lines(&db.ledger, id).await.unwrap();
     let at = lines
@@ -227,17 +255,24 @@ async fn an_annotation_sits_beside_the_event_it_corrects_and_changes_nothing() {
         .position(|l| l.contains(" failed "))
         .expect("the failed event's line");
     assert!(
-        lines[at + 1].contains("corrected by v") && lines[at + 1].contains("carol"),
+        lines[at + 1].contains("corrected at position") && lines[at + 1].contains("carol"),
         "the correction follows the corrected event: {lines:#?}"
     );
     assert!(lines.last().unwrap().contains("annotated") && lines.last().unwrap().contains("corrects v"));
-    // Still replayable: the annotation is no edge of its own.
-    assert!(db
+    // Still found by its reason code, and replayable: no edge of its own.
+    let since = chrono::Utc::now() - chrono::Duration::hours(1);
+    let until = chrono::Utc::now() + chrono::Duration::hours(1);
+    let replayed = db
         .ledger
-        .replay(id, "carol", "after the fix")
+        .replay_batch("permanent_error", since, until, "carol", "after the fix")
         .await
-        .unwrap()
-        .committed());
+        .unwrap();
+    assert_eq!(
+        replayed.len(),
+        1,
+        "the annotated dead job is replayed by its reason code"
+    );
+    assert!(replayed[0].committed());
     db.assert_verified().await;
 }
 
@@ -362,7 +397,7 @@ async fn the_cli_resolves_and_annotates() {
             "--reason",
             "r",
             "--evidence",
-            "{}",
+            r#"{"checked":true}"#,
             "--version",
             &v_s,
             "--operator",
@@ -387,9 +422,79 @@ async fn the_cli_resolves_and_annotates() {
     assert_eq!(note.code, 0, "{} {}", note.stdout, note.stderr);
     let history = jl(&db.url, &["history", &id_s]);
     assert!(
-        history.stdout.contains("corrected by v") && history.stdout.contains("key was mistyped"),
+        history.stdout.contains("corrected at position") && history.stdout.contains("key was mistyped"),
         "{}",
         history.stdout
     );
     db.assert_verified().await;
+}
+
+/// A held step that was annotated is still released by hand (the hold is
+/// its reason, which the annotation keeps).
+#[tokio::test]
+async fn an_annotated_held_step_is_still_released() {
+    use jobledger::domain::workflow::DependencyPolicy;
+    let db = fresh().await;
+    let mut spec = common::workflows::seed("hold", DependencyPolicy::Cancel);
+    spec.steps[1].on_dependency_failure = DependencyPolicy::Hold;
+    let created = db.ledger.workflow(&spec).await.unwrap();
+    let render = common::workflows::id_of(&created, "render");
+    let review = common::workflows::id_of(&created, "review");
+    let lease = db.claim_one("w").await;
+    assert_eq!(lease.job_id(), render);
+    assert!(lease
+        .fail(ErrorClass::Permanent, "broken", None)
+        .await
+        .unwrap()
+        .committed());
+    assert_eq!(db.job(review).await.reason, Reason::DependencyHeld);
+    let first = db.ledger.history(review).await.unwrap()[0].position;
+    assert!(db
+        .ledger
+        .annotate(review, "carol", first, "typo in the key")
+        .await
+        .unwrap()
+        .committed());
+    assert_eq!(db.job(review).await.reason, Reason::DependencyHeld);
+    let r = db
+        .ledger
+        .release_hold(review, "carol", "run it anyway")
+        .await
+        .unwrap();
+    assert!(r.committed(), "{r:?}");
+    db.assert_verified().await;
+}
+
+/// `apply` (and so `verify`) refuses a verdict whose evidence digest or
+/// reason was forged, even with the hash recomputed.
+#[tokio::test]
+async fn a_forged_verdict_does_not_replay() {
+    let db = fresh().await;
+    let (id, version) = dead_job(&db, "refund-f1").await;
+    let before = db.job(id).await;
+    let r = db
+        .ledger
+        .resolve(
+            id,
+            "alice",
+            JobState::Succeeded,
+            "seen",
+            json!({ "re": 1 }),
+            version,
+        )
+        .await
+        .unwrap();
+    let good = r.event.unwrap();
+    assert!(jobledger::domain::apply(Some(&before), &good).is_ok());
+    let mut digest = good.clone();
+    if let EventBody::ResolvedByOperator { evidence_digest, .. } = &mut digest.body {
+        *evidence_digest = "v1:0000".into();
+    }
+    let mut reason = good.clone();
+    reason.reason = Reason::Completed;
+    for mut forged in [digest, reason] {
+        forged.hash = jobledger::domain::event_hash(&forged);
+        let e = jobledger::domain::apply(Some(&before), &forged).unwrap_err();
+        assert!(e.to_string().contains("operator"), "{e}");
+    }
 }

@@ -96,7 +96,11 @@ async fn tokens_and_roles_guard_every_route() {
     let (st, created) = call("POST", &jobs, Some(&worker), body()).await;
     assert_eq!((st, created["created"].as_bool()), (201, Some(true)), "{created}");
     let (st, again) = call("POST", &jobs, Some(&worker), body()).await;
-    assert_eq!((st, again["job_id"].clone()), (200, created["job_id"].clone()), "idempotent by key");
+    assert_eq!(
+        (st, again["job_id"].clone()),
+        (200, created["job_id"].clone()),
+        "idempotent by key"
+    );
     let id = created["job_id"].as_str().unwrap().to_string();
 
     let (st, v) = call("GET", &format!("{jobs}/{id}"), Some(&reader), None).await;
@@ -105,7 +109,11 @@ async fn tokens_and_roles_guard_every_route() {
     assert_eq!((st, v["entries"].as_array().map(Vec::len)), (200, Some(1)), "{v}");
     let (st, v) = call("POST", &format!("{jobs}/{id}/cancel"), Some(&worker), None).await;
     assert_eq!(st, 403, "a worker does not cancel: {v}");
-    assert_eq!(db.job(id.parse().unwrap()).await.version, 1, "nothing was written");
+    assert_eq!(
+        db.job(id.parse().unwrap()).await.version,
+        1,
+        "nothing was written"
+    );
     assert_eq!(s.stop(), 0, "SIGTERM stops the server cleanly");
 }
 
@@ -118,21 +126,43 @@ async fn bad_and_oversized_input_is_a_4xx_and_writes_nothing() {
     let cases = [
         ("{\"queue\": \"q\"".to_string(), 400),
         (json!({ "queue": "q" }).to_string(), 400),
-        (json!({ "queue": "q", "kind": "k", "colour": "red" }).to_string(), 400),
+        (
+            json!({ "queue": "q", "kind": "k", "colour": "red" }).to_string(),
+            400,
+        ),
         (json!({ "queue": "", "kind": "k" }).to_string(), 400),
-        (json!({ "queue": "q", "kind": "k", "delay_ms": 5, "run_at": "2026-12-02T00:00:00Z" }).to_string(), 400),
-        (json!({ "queue": "q", "kind": "k", "payload": "x".repeat(1_100_000) }).to_string(), 413),
-        (json!({ "queue": "q", "kind": "k", "payload": "x".repeat(3_000_000) }).to_string(), 413),
+        (
+            json!({ "queue": "q", "kind": "k", "delay_ms": 5, "run_at": "2026-12-02T00:00:00Z" }).to_string(),
+            400,
+        ),
+        (
+            json!({ "queue": "q", "kind": "k", "payload": "x".repeat(1_100_000) }).to_string(),
+            413,
+        ),
+        (
+            json!({ "queue": "q", "kind": "k", "payload": "x".repeat(3_000_000) }).to_string(),
+            413,
+        ),
     ];
     for (body, want) in cases {
         let (st, v) = call("POST", &jobs, Some(&op), Some(body.clone())).await;
         assert_eq!(st, want, "{} -> {v}", &body[..body.len().min(80)]);
         one_line(&v);
     }
-    assert_eq!(db.count("SELECT count(*) FROM jobledger.events").await, 0, "nothing was written");
+    assert_eq!(
+        db.count("SELECT count(*) FROM jobledger.events").await,
+        0,
+        "nothing was written"
+    );
     let (st, v) = call("GET", &format!("{jobs}/not-a-uuid"), Some(&op), None).await;
     assert_eq!(st, 400, "{v}");
-    let (st, v) = call("GET", &format!("{jobs}/{}", uuid::Uuid::now_v7()), Some(&op), None).await;
+    let (st, v) = call(
+        "GET",
+        &format!("{jobs}/{}", uuid::Uuid::now_v7()),
+        Some(&op),
+        None,
+    )
+    .await;
     assert_eq!(st, 404, "{v}");
     let (st, v) = call("GET", &format!("{}/v1/nothing", s.base), Some(&op), None).await;
     assert_eq!(st, 404, "{v}");
@@ -147,28 +177,56 @@ async fn write_outcomes_have_their_statuses_and_the_token_is_the_actor() {
     // A dead job, and a queued one.
     let dead = db.enqueue(Some("d"), json!({})).await.job_id;
     let lease = db.claim_one("w").await;
-    assert!(lease.fail(ErrorClass::Permanent, "declined", None).await.unwrap().committed());
+    assert!(lease
+        .fail(ErrorClass::Permanent, "declined", None)
+        .await
+        .unwrap()
+        .committed());
     let queued = db.enqueue(Some("q"), json!({})).await.job_id;
     let version = db.job(dead).await.version;
 
-    let replay_queued = call("POST", &format!("{jobs}/{queued}/replay"), Some(&op), Some(json!({ "reason": "r" }).to_string())).await;
+    let replay_queued = call(
+        "POST",
+        &format!("{jobs}/{queued}/replay"),
+        Some(&op),
+        Some(json!({ "reason": "r" }).to_string()),
+    )
+    .await;
     assert_eq!(replay_queued.0, 422, "invalid_transition: {}", replay_queued.1);
     assert_eq!(replay_queued.1["outcome"], "invalid_transition");
-    let stale = json!({ "verdict": "succeeded", "reason": "seen", "evidence": {}, "version": version - 1 }).to_string();
+    let stale = json!({ "verdict": "succeeded", "reason": "seen", "evidence": { "seen": true }, "version": version - 1 }).to_string();
     let (st, v) = call("POST", &format!("{jobs}/{dead}/resolve"), Some(&op), Some(stale)).await;
     assert_eq!((st, v["outcome"].as_str()), (409, Some("stale")), "{v}");
-    let bad = json!({ "verdict": "queued", "reason": "seen", "evidence": {}, "version": version }).to_string();
+    let bad =
+        json!({ "verdict": "queued", "reason": "seen", "evidence": { "seen": true }, "version": version })
+            .to_string();
     let (st, _) = call("POST", &format!("{jobs}/{dead}/resolve"), Some(&op), Some(bad)).await;
     assert_eq!(st, 400);
     let ok = json!({ "verdict": "succeeded", "reason": "seen in the dashboard", "evidence": { "re": 1 }, "version": version });
-    let (st, v) = call("POST", &format!("{jobs}/{dead}/resolve"), Some(&op), Some(ok.to_string())).await;
+    let (st, v) = call(
+        "POST",
+        &format!("{jobs}/{dead}/resolve"),
+        Some(&op),
+        Some(ok.to_string()),
+    )
+    .await;
     assert_eq!((st, v["outcome"].as_str()), (200, Some("committed")), "{v}");
     assert_eq!(db.job(dead).await.state, JobState::Succeeded);
 
-    let (st, v) = call("POST", &format!("{jobs}/{queued}/cancel"), Some(&op), Some(json!({ "reason": "dup" }).to_string())).await;
+    let (st, v) = call(
+        "POST",
+        &format!("{jobs}/{queued}/cancel"),
+        Some(&op),
+        Some(json!({ "reason": "dup" }).to_string()),
+    )
+    .await;
     assert_eq!((st, v["outcome"].as_str()), (200, Some("committed")), "{v}");
     let (st, v) = call("POST", &format!("{jobs}/{queued}/cancel"), Some(&op), None).await;
-    assert_eq!((st, v["outcome"].as_str()), (200, Some("already_committed")), "{v}");
+    assert_eq!(
+        (st, v["outcome"].as_str()),
+        (200, Some("already_committed")),
+        "{v}"
+    );
     let first = db.ledger.history(dead).await.unwrap()[0].position;
     let note = json!({ "corrects": first, "reason": "key mistyped" }).to_string();
     let (st, v) = call("POST", &format!("{jobs}/{dead}/annotate"), Some(&op), Some(note)).await;

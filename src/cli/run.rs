@@ -107,9 +107,7 @@ pub async fn run(cli: Cli) -> Result<i32> {
         | Cmd::Worker { .. }
         | Cmd::Consume { .. }
         | Cmd::Projections { .. }
-        | Cmd::Serve { .. } => {
-            super::services::run(ledger, &cli).await
-        }
+        | Cmd::Serve { .. } => super::services::run(ledger, &cli).await,
     }
 }
 

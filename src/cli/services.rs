@@ -46,7 +46,10 @@ pub async fn run(ledger: Ledger, cli: &Cli) -> Result<i32> {
             consumer_database_url,
         } => super::consume::run(which, brokers, topic, group.as_deref(), consumer_database_url).await,
         Cmd::Worker { .. } => worker(ledger, cli).await,
-        Cmd::Serve { listen, drain_timeout } => {
+        Cmd::Serve {
+            listen,
+            drain_timeout,
+        } => {
             let stop = tokio_util::sync::CancellationToken::new();
             jobledger::worker::cancel_on_signals(stop.clone());
             crate::serve::serve(ledger, *listen, cli.max_payload_bytes, stop, *drain_timeout).await?;

@@ -5,6 +5,7 @@ use thiserror::Error;
 use super::decide::next_action_after;
 use super::event::{Event, EventBody};
 use super::model::{ErrorClass, Job, JobState, LastError, NextAction, ReceiptStatus, Release, ReleaseOp};
+use super::reason::Reason;
 use super::steps::initial;
 use super::workflow::{parent_state, Membership, StepStatus, Tally, WorkflowTie};
 use JobState::*;
@@ -34,6 +35,8 @@ pub enum ApplyError {
     Chain,
     #[error("workflow: {0}")]
     Workflow(String),
+    #[error("operator's event: {0}")]
+    Operator(String),
     #[error("annotation of version {corrects} in event version {at}: only earlier events are corrected")]
     AnnotationAhead { corrects: i64, at: i64 },
 }
@@ -129,7 +132,10 @@ pub fn apply(job: Option<&Job>, ev: &Event) -> Result<Job, ApplyError> {
     j.run = ev.run;
     j.state = ev.to_state;
     j.reason = ev.reason;
-    j.updated_at = ev.recorded_at;
+    // A correction changes nothing about the job, not even its time.
+    if !matches!(ev.body, EventBody::Annotated { .. }) {
+        j.updated_at = ev.recorded_at;
+    }
     j.version = ev.version;
     j.last_hash = ev.hash.clone();
     let release = |op, digest: &String| {
@@ -271,16 +277,43 @@ pub fn apply(job: Option<&Job>, ev: &Event) -> Result<Job, ApplyError> {
                 "an operator's verdict on a workflow's parent or step".into(),
             ))
         }
-        EventBody::ResolvedByOperator { .. } => {
+        EventBody::ResolvedByOperator {
+            operator,
+            note,
+            evidence,
+            evidence_digest,
+        } => {
+            let why = if ev.reason != Reason::ResolvedByOperator {
+                Some("its reason is not resolved_by_operator")
+            } else if operator.trim().is_empty() || note.trim().is_empty() {
+                Some("no operator or no reason")
+            } else if *evidence_digest != crate::domain::digest(evidence) {
+                Some("the evidence digest does not match the evidence")
+            } else {
+                None
+            };
+            if let Some(why) = why {
+                return Err(ApplyError::Operator(why.into()));
+            }
             j.receipt_deadline = None;
             unlease(&mut j);
         }
-        EventBody::Annotated { corrects_version, .. } => {
+        EventBody::Annotated {
+            corrects_version,
+            operator,
+            note,
+            ..
+        } => {
             if *corrects_version < 1 || *corrects_version >= ev.version {
                 return Err(ApplyError::AnnotationAhead {
                     corrects: *corrects_version,
                     at: ev.version,
                 });
+            }
+            if ev.reason != prev.reason || operator.trim().is_empty() || note.trim().is_empty() {
+                return Err(ApplyError::Operator(
+                    "an annotation keeps the job's reason and names an operator and a reason".into(),
+                ));
             }
         }
     }

@@ -106,5 +106,6 @@ pub(super) fn annotate(
         corrects_version,
         note: note.to_string(),
     };
-    Ok(draft(job, body, job.state, Reason::Annotation))
+    // The job's own reason stays: a correction is no cause of its state.
+    Ok(draft(job, body, job.state, job.reason))
 }

@@ -44,6 +44,5 @@ wire_enum!(
         StepFinished => "step_finished",
         StepReopened => "step_reopened",
         ResolvedByOperator => "resolved_by_operator",
-        Annotation => "annotation",
     }
 );

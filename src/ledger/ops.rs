@@ -95,7 +95,12 @@ impl Ledger {
     }
 
     /// `cancel`, recorded with `actor` (an operator's or token's name).
-    pub async fn cancel_as(&self, job_id: Uuid, actor: &str, note: Option<&str>) -> LedgerResult<WriteResult> {
+    pub async fn cancel_as(
+        &self,
+        job_id: Uuid,
+        actor: &str,
+        note: Option<&str>,
+    ) -> LedgerResult<WriteResult> {
         self.limits.name("actor", actor)?;
         if let Some(n) = note {
             self.limits.text("reason", n)?;

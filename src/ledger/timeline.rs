@@ -87,13 +87,17 @@ fn detail(body: &EventBody) -> String {
     match body {
         EventBody::Claimed { next_action, .. } => format!(" next={}", next_action.as_str()),
         EventBody::TakenOver { .. } => " next=reconcile".into(),
-        EventBody::Failed { next_action, .. } => format!(" next={}", next_action.as_str()),
+        EventBody::Failed {
+            next_action,
+            run_at: Some(_),
+            ..
+        } => format!(" next={}", next_action.as_str()),
         EventBody::CancelRequested { note: Some(n) }
         | EventBody::Cancelled { note: Some(n) }
         | EventBody::CancelRefused { note: Some(n) } => quoted(n),
         EventBody::Replayed { note, .. } | EventBody::HoldReleased { note, .. } => quoted(note),
         EventBody::ResolvedByOperator { note, evidence, .. } => {
-            format!("{} evidence={evidence}", quoted(note))
+            format!("{} evidence={}", quoted(note), clipped(&evidence.to_string()))
         }
         EventBody::Annotated {
             corrects_version,
@@ -101,6 +105,14 @@ fn detail(body: &EventBody) -> String {
             ..
         } => format!(" corrects v{corrects_version}:{}", quoted(note)),
         _ => String::new(),
+    }
+}
+
+/// At most 200 characters of `s` (evidence can be a megabyte).
+fn clipped(s: &str) -> String {
+    match s.char_indices().nth(200) {
+        Some((at, _)) => format!("{}…", &s[..at]),
+        None => s.to_string(),
     }
 }
 
@@ -117,8 +129,9 @@ fn correction_line(h: &HistoryEntry) -> Option<(i64, String)> {
     Some((
         *corrects_position,
         format!(
-            "{:>7}      ^ corrected by v{} at {} by {}: {:?}",
+            "{:>7}      ^ corrected at position {} (v{}) at {} by {}: {:?}",
             "",
+            h.position,
             h.event.version,
             fmt_time(h.event.recorded_at),
             h.event.actor,
@@ -149,8 +162,11 @@ pub async fn lines(ledger: &Ledger, job: Uuid) -> Result<Vec<String>> {
     let mut corrections: std::collections::HashMap<i64, Vec<String>> = Default::default();
     for i in &items {
         if let Item::Event(h, _) = i {
-            if let Some((at, line)) = correction_line(h) {
-                corrections.entry(at).or_default().push(line);
+            if let (Item::Event(_, step), Some((at, line))) = (i, correction_line(h)) {
+                corrections
+                    .entry(at)
+                    .or_default()
+                    .push(format!("{}{line}", label(step)));
             }
         }
     }

@@ -79,11 +79,14 @@ impl Ledger {
     /// which is not stored and cannot be shown again.
     pub async fn create_token(&self, name: &str, role: Role) -> LedgerResult<String> {
         self.limits.name("token name", name)?;
+        super::verdicts::typed("token name", name)?;
         let mut raw = [0u8; 32];
         rand::thread_rng().fill_bytes(&mut raw);
         let token = format!("jl_{}", hex::encode(raw));
         if !tokens::insert_token(self.pool(), name, role.as_str(), &hash(&token)).await? {
-            return Err(LedgerError::BadInput(format!("a token named {name:?} exists already")));
+            return Err(LedgerError::BadInput(format!(
+                "a token named {name:?} exists already"
+            )));
         }
         Ok(token)
     }

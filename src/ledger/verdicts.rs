@@ -11,6 +11,20 @@ use super::Ledger;
 use crate::domain::{Command, JobState};
 use crate::store::events;
 
+/// A name or a reason a person typed: not blank, and no control
+/// characters (a newline would forge a line of `history`).
+pub(crate) fn typed(what: &str, value: &str) -> LedgerResult<()> {
+    if value.trim().is_empty() {
+        return Err(LedgerError::BadInput(format!("{what} must not be blank")));
+    }
+    if value.chars().any(char::is_control) {
+        return Err(LedgerError::BadInput(format!(
+            "{what} contains a control character"
+        )));
+    }
+    Ok(())
+}
+
 impl Ledger {
     /// Records an operator's verdict (`succeeded` or `cancelled`) on a job
     /// that is `dead` or `awaiting_receipt`, with the reason and the evidence
@@ -28,7 +42,19 @@ impl Ledger {
     ) -> LedgerResult<WriteResult> {
         self.limits.name("operator", operator)?;
         self.limits.name("reason", note)?;
+        typed("operator", operator)?;
+        typed("reason", note)?;
         self.limits.json("evidence", &evidence)?;
+        if evidence.as_object().is_none_or(|o| o.is_empty()) {
+            return Err(LedgerError::BadInput(
+                "evidence is a JSON object saying what was checked (not empty)".into(),
+            ));
+        }
+        if expected_version < 1 {
+            return Err(LedgerError::BadInput(format!(
+                "version {expected_version}: a job's versions start at 1"
+            )));
+        }
         if !matches!(verdict, JobState::Succeeded | JobState::Cancelled) {
             return Err(LedgerError::BadInput(format!(
                 "a verdict is succeeded or cancelled, not {verdict}"
@@ -57,6 +83,8 @@ impl Ledger {
     ) -> LedgerResult<WriteResult> {
         self.limits.name("operator", operator)?;
         self.limits.name("reason", note)?;
+        typed("operator", operator)?;
+        typed("reason", note)?;
         let version = match events::event_at(self.pool(), corrects).await? {
             Some((owner, version)) if owner == job_id => version,
             Some((owner, _)) => {

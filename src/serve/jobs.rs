@@ -16,11 +16,13 @@ use jobledger::ledger::Found;
 
 /// The body as `T`, or 400 with serde's one-line reason.
 fn body<T: DeserializeOwned>(raw: &Body) -> ApiResult<T> {
-    serde_json::from_slice(&raw.0).map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, format!("bad request body: {e}")))
+    serde_json::from_slice(&raw.0)
+        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, format!("bad request body: {e}")))
 }
 
 fn job_id(raw: &str) -> ApiResult<Uuid> {
-    Uuid::parse_str(raw).map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, format!("bad job id {raw:?}: {e}")))
+    Uuid::parse_str(raw)
+        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, format!("bad job id {raw:?}: {e}")))
 }
 
 #[derive(Deserialize)]
@@ -41,7 +43,10 @@ pub async fn enqueue(State(app): State<App>, auth: Authed, raw: Body) -> ApiResu
     auth.may(Action::Enqueue)?;
     let b: EnqueueBody = body(&raw)?;
     if b.delay_ms.is_some() && b.run_at.is_some() {
-        return Err(ApiError::new(StatusCode::BAD_REQUEST, "give delay_ms or run_at, not both"));
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "give delay_ms or run_at, not both",
+        ));
     }
     let e = app
         .ledger
@@ -56,7 +61,11 @@ pub async fn enqueue(State(app): State<App>, auth: Authed, raw: Body) -> ApiResu
             policy: None,
         })
         .await?;
-    let status = if e.created { StatusCode::CREATED } else { StatusCode::OK };
+    let status = if e.created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
     let v = json!({
         "job_id": e.job.job_id, "epoch": e.job.epoch, "token": e.job.token,
         "state": e.job.state, "created": e.created, "position": e.position,
@@ -90,20 +99,40 @@ pub struct ReasonBody {
     reason: Option<String>,
 }
 
-pub async fn cancel(State(app): State<App>, auth: Authed, Path(id): Path<String>, raw: Body) -> ApiResult<Response> {
+pub async fn cancel(
+    State(app): State<App>,
+    auth: Authed,
+    Path(id): Path<String>,
+    raw: Body,
+) -> ApiResult<Response> {
     let caller = auth.may(Action::Operate)?;
-    let b: ReasonBody = if raw.0.is_empty() { ReasonBody::default() } else { body(&raw)? };
+    let b: ReasonBody = if raw.0.is_empty() {
+        ReasonBody::default()
+    } else {
+        body(&raw)?
+    };
     let actor = format!("operator:{}", caller.name);
-    Ok(written(&app.ledger.cancel_as(job_id(&id)?, &actor, b.reason.as_deref()).await?))
+    Ok(written(
+        &app.ledger
+            .cancel_as(job_id(&id)?, &actor, b.reason.as_deref())
+            .await?,
+    ))
 }
 
-pub async fn replay(State(app): State<App>, auth: Authed, Path(id): Path<String>, raw: Body) -> ApiResult<Response> {
+pub async fn replay(
+    State(app): State<App>,
+    auth: Authed,
+    Path(id): Path<String>,
+    raw: Body,
+) -> ApiResult<Response> {
     let caller = auth.may(Action::Operate)?;
     let b: ReasonBody = body(&raw)?;
     let reason = b
         .reason
         .ok_or_else(|| ApiError::new(StatusCode::BAD_REQUEST, "a replay needs a reason"))?;
-    Ok(written(&app.ledger.replay(job_id(&id)?, &caller.name, &reason).await?))
+    Ok(written(
+        &app.ledger.replay(job_id(&id)?, &caller.name, &reason).await?,
+    ))
 }
 
 #[derive(Deserialize)]
@@ -115,7 +144,12 @@ pub struct ResolveBody {
     version: i64,
 }
 
-pub async fn resolve(State(app): State<App>, auth: Authed, Path(id): Path<String>, raw: Body) -> ApiResult<Response> {
+pub async fn resolve(
+    State(app): State<App>,
+    auth: Authed,
+    Path(id): Path<String>,
+    raw: Body,
+) -> ApiResult<Response> {
     let caller = auth.may(Action::Operate)?;
     let b: ResolveBody = body(&raw)?;
     let verdict = JobState::parse(&b.verdict)
@@ -123,7 +157,14 @@ pub async fn resolve(State(app): State<App>, auth: Authed, Path(id): Path<String
         .ok_or_else(|| ApiError::new(StatusCode::BAD_REQUEST, "verdict is succeeded or cancelled"))?;
     let r = app
         .ledger
-        .resolve(job_id(&id)?, &caller.name, verdict, &b.reason, b.evidence, b.version)
+        .resolve(
+            job_id(&id)?,
+            &caller.name,
+            verdict,
+            &b.reason,
+            b.evidence,
+            b.version,
+        )
         .await?;
     Ok(written(&r))
 }
@@ -135,7 +176,12 @@ pub struct AnnotateBody {
     reason: String,
 }
 
-pub async fn annotate(State(app): State<App>, auth: Authed, Path(id): Path<String>, raw: Body) -> ApiResult<Response> {
+pub async fn annotate(
+    State(app): State<App>,
+    auth: Authed,
+    Path(id): Path<String>,
+    raw: Body,
+) -> ApiResult<Response> {
     let caller = auth.may(Action::Operate)?;
     let b: AnnotateBody = body(&raw)?;
     Ok(written(

@@ -101,7 +101,11 @@ impl Authed {
         } else {
             Err(ApiError::new(
                 StatusCode::FORBIDDEN,
-                format!("token {:?} has role {}, which may not do this", self.0.name, self.0.role.as_str()),
+                format!(
+                    "token {:?} has role {}, which may not do this",
+                    self.0.name,
+                    self.0.role.as_str()
+                ),
             ))
         }
     }
@@ -115,13 +119,21 @@ impl FromRequestParts<App> for Authed {
             .headers
             .get(axum::http::header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
-            .ok_or_else(|| ApiError::new(StatusCode::UNAUTHORIZED, "no bearer token (Authorization: Bearer …)"))?;
-        let token = header
-            .strip_prefix("Bearer ")
-            .ok_or_else(|| ApiError::new(StatusCode::UNAUTHORIZED, "the Authorization header is not Bearer"))?;
+            .ok_or_else(|| {
+                ApiError::new(
+                    StatusCode::UNAUTHORIZED,
+                    "no bearer token (Authorization: Bearer …)",
+                )
+            })?;
+        let token = header.strip_prefix("Bearer ").ok_or_else(|| {
+            ApiError::new(StatusCode::UNAUTHORIZED, "the Authorization header is not Bearer")
+        })?;
         match app.ledger.authenticate(token.trim()).await? {
             Some(c) => Ok(Authed(c)),
-            None => Err(ApiError::new(StatusCode::UNAUTHORIZED, "unknown or revoked token")),
+            None => Err(ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "unknown or revoked token",
+            )),
         }
     }
 }
@@ -162,7 +174,8 @@ pub async fn serve(
         let stop = stop.clone();
         async move { stop.cancelled().await }
     };
-    let server = tokio::spawn(async move { axum::serve(listener, app).with_graceful_shutdown(graceful).await });
+    let server =
+        tokio::spawn(async move { axum::serve(listener, app).with_graceful_shutdown(graceful).await });
     stop.cancelled().await;
     match tokio::time::timeout(drain, server).await {
         Ok(r) => r??,

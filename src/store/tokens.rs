@@ -14,7 +14,12 @@ pub struct TokenRow {
 }
 
 /// Inserts a token; `false` when the name is taken.
-pub async fn insert_token<'e>(exec: impl PgExecutor<'e>, name: &str, role: &str, hash: &str) -> StoreResult<bool> {
+pub async fn insert_token<'e>(
+    exec: impl PgExecutor<'e>,
+    name: &str,
+    role: &str,
+    hash: &str,
+) -> StoreResult<bool> {
     let n = sqlx::query(
         "INSERT INTO jobledger.api_tokens (name, role, token_hash) VALUES ($1, $2, $3) ON CONFLICT (name) DO NOTHING",
     )
@@ -50,9 +55,9 @@ pub async fn revoke_token<'e>(exec: impl PgExecutor<'e>, name: &str) -> StoreRes
 }
 
 pub async fn list_tokens<'e>(exec: impl PgExecutor<'e>) -> StoreResult<Vec<TokenRow>> {
-    Ok(sqlx::query_as(
-        "SELECT name, role, created_at, revoked_at FROM jobledger.api_tokens ORDER BY name",
+    Ok(
+        sqlx::query_as("SELECT name, role, created_at, revoked_at FROM jobledger.api_tokens ORDER BY name")
+            .fetch_all(exec)
+            .await?,
     )
-    .fetch_all(exec)
-    .await?)
 }
