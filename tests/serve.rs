@@ -238,3 +238,57 @@ async fn write_outcomes_have_their_statuses_and_the_token_is_the_actor() {
     }
     db.assert_verified().await;
 }
+
+/// What the first review of the server found: each of these used to be a
+/// dropped connection, a plain-text answer or a wrong status.
+#[tokio::test]
+async fn odd_requests_get_a_json_4xx() {
+    let db = fresh().await;
+    let op = db.ledger.create_token("olga", Role::Operator).await.unwrap();
+    let long = "é".repeat(124);
+    assert!(
+        db.ledger.create_token(&long, Role::Operator).await.is_err(),
+        "a name that would make the actor too long is refused at creation"
+    );
+    let s = Server::start(&db.url);
+    let jobs = format!("{}/v1/jobs", s.base);
+    // A delay near i64::MAX used to panic the handler (no answer at all).
+    let huge = json!({ "queue": "q", "kind": "k", "delay_ms": i64::MAX }).to_string();
+    let (st, v) = call("POST", &jobs, Some(&op), Some(huge)).await;
+    assert_eq!(st, 400, "{v}");
+    // The scheme is case-insensitive; two Authorization headers are refused.
+    let lower = reqwest::Client::new()
+        .get(format!("{jobs}/{}", uuid::Uuid::now_v7()))
+        .header("authorization", format!("bearer {op}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(lower.status().as_u16(), 404, "authenticated, then no such job");
+    let two = reqwest::Client::new()
+        .get(format!("{jobs}/{}", uuid::Uuid::now_v7()))
+        .header("authorization", format!("Bearer {op}"))
+        .header("authorization", "Bearer jl_other")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(two.status().as_u16(), 401);
+    let (st, v) = call("PUT", &jobs, Some(&op), None).await;
+    assert_eq!(st, 405, "{v}");
+    one_line(&v);
+    let (st, v) = call("GET", &format!("{jobs}/%FF"), Some(&op), None).await;
+    assert_eq!(st, 400, "{v}");
+    let dead = db.enqueue(Some("d"), json!({})).await.job_id;
+    let (st, v) = call(
+        "POST",
+        &format!("{jobs}/{dead}/replay"),
+        Some(&op),
+        Some(json!({ "reason": "  " }).to_string()),
+    )
+    .await;
+    assert_eq!(st, 400, "a blank reason is bad input: {v}");
+    assert_eq!(
+        db.count("SELECT count(*) FROM jobledger.rejections").await,
+        0,
+        "and no refused write"
+    );
+}

@@ -60,8 +60,13 @@ fn seal(job: &Job, d: Draft, ctx: &Ctx) -> Event {
     ev
 }
 
+/// `ms` after now; saturates at the last representable instant instead of
+/// overflowing (the ledger refuses such delays from outside before this).
 fn later(ctx: &Ctx, ms: i64) -> chrono::DateTime<chrono::Utc> {
-    to_micros(ctx.now + Duration::milliseconds(ms.max(0)))
+    let at = Duration::try_milliseconds(ms.max(0))
+        .and_then(|d| ctx.now.checked_add_signed(d))
+        .unwrap_or(chrono::DateTime::<chrono::Utc>::MAX_UTC);
+    to_micros(at)
 }
 
 /// The first event of a job.

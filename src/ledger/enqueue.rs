@@ -213,9 +213,16 @@ impl Ledger {
         if n.delay_ms.is_some_and(|d| d < 0) {
             return Err(LedgerError::BadInput("delay must not be negative".into()));
         }
+        if n.delay_ms.is_some_and(|d| d > MAX_DELAY_MS) {
+            return Err(LedgerError::BadInput("delay is over 100 years".into()));
+        }
         Ok(())
     }
 }
+
+/// A delay beyond this is a mistake, not a plan (and near i64::MAX the
+/// date would not exist).
+const MAX_DELAY_MS: i64 = 100 * 365 * 24 * 3600 * 1000;
 
 fn check_policy(p: &Policy) -> LedgerResult<()> {
     if p.max_attempts < 1 || p.max_attempts > 1000 {

@@ -80,6 +80,14 @@ impl Ledger {
     pub async fn create_token(&self, name: &str, role: Role) -> LedgerResult<String> {
         self.limits.name("token name", name)?;
         super::verdicts::typed("token name", name)?;
+        // The name becomes an actor (`operator:NAME`), which has the names'
+        // limit: leave room for the prefix.
+        if name.len() > 200 {
+            return Err(LedgerError::BadInput(format!(
+                "token name is {} bytes, over the limit of 200",
+                name.len()
+            )));
+        }
         let mut raw = [0u8; 32];
         rand::thread_rng().fill_bytes(&mut raw);
         let token = format!("jl_{}", hex::encode(raw));

@@ -1,15 +1,14 @@
 //! `/v1/jobs`: enqueue, show, history and the operators' writes.
 
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::{json, Value};
-use uuid::Uuid;
 
-use super::{written, ApiError, ApiResult, App, Authed, Body};
+use super::{written, ApiError, ApiResult, App, Authed, Body, JobPath};
 use jobledger::domain::{digest::fmt_time, JobState, NewJob};
 use jobledger::ledger::tokens::Action;
 use jobledger::ledger::Found;
@@ -18,11 +17,6 @@ use jobledger::ledger::Found;
 fn body<T: DeserializeOwned>(raw: &Body) -> ApiResult<T> {
     serde_json::from_slice(&raw.0)
         .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, format!("bad request body: {e}")))
-}
-
-fn job_id(raw: &str) -> ApiResult<Uuid> {
-    Uuid::parse_str(raw)
-        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, format!("bad job id {raw:?}: {e}")))
 }
 
 #[derive(Deserialize)]
@@ -73,9 +67,9 @@ pub async fn enqueue(State(app): State<App>, auth: Authed, raw: Body) -> ApiResu
     Ok((status, Json(v)).into_response())
 }
 
-pub async fn show(State(app): State<App>, auth: Authed, Path(id): Path<String>) -> ApiResult<Json<Value>> {
+pub async fn show(State(app): State<App>, auth: Authed, JobPath(id): JobPath) -> ApiResult<Json<Value>> {
     auth.may(Action::Read)?;
-    Ok(Json(match app.ledger.show(job_id(&id)?).await? {
+    Ok(Json(match app.ledger.show(id).await? {
         Found::Live(j) => crate::cli::output::job_json(&j),
         Found::Purged(t) => json!({
             "job_id": t.job_id, "state": t.state, "purged": true, "purged_at": fmt_time(t.purged_at),
@@ -84,10 +78,9 @@ pub async fn show(State(app): State<App>, auth: Authed, Path(id): Path<String>) 
     }))
 }
 
-pub async fn history(State(app): State<App>, auth: Authed, Path(id): Path<String>) -> ApiResult<Json<Value>> {
+pub async fn history(State(app): State<App>, auth: Authed, JobPath(id): JobPath) -> ApiResult<Json<Value>> {
     auth.may(Action::Read)?;
-    let id = job_id(&id)?;
-    // A purged or unknown job has no timeline to tell: 404 before reading.
+    // An unknown job is a 404; a purged one's events are still told.
     app.ledger.show(id).await?;
     let lines = jobledger::ledger::timeline::json_lines(&app.ledger, id).await?;
     Ok(Json(json!({ "job_id": id, "entries": lines })))
@@ -102,7 +95,7 @@ pub struct ReasonBody {
 pub async fn cancel(
     State(app): State<App>,
     auth: Authed,
-    Path(id): Path<String>,
+    JobPath(id): JobPath,
     raw: Body,
 ) -> ApiResult<Response> {
     let caller = auth.may(Action::Operate)?;
@@ -113,16 +106,14 @@ pub async fn cancel(
     };
     let actor = format!("operator:{}", caller.name);
     Ok(written(
-        &app.ledger
-            .cancel_as(job_id(&id)?, &actor, b.reason.as_deref())
-            .await?,
+        &app.ledger.cancel_as(id, &actor, b.reason.as_deref()).await?,
     ))
 }
 
 pub async fn replay(
     State(app): State<App>,
     auth: Authed,
-    Path(id): Path<String>,
+    JobPath(id): JobPath,
     raw: Body,
 ) -> ApiResult<Response> {
     let caller = auth.may(Action::Operate)?;
@@ -130,9 +121,7 @@ pub async fn replay(
     let reason = b
         .reason
         .ok_or_else(|| ApiError::new(StatusCode::BAD_REQUEST, "a replay needs a reason"))?;
-    Ok(written(
-        &app.ledger.replay(job_id(&id)?, &caller.name, &reason).await?,
-    ))
+    Ok(written(&app.ledger.replay(id, &caller.name, &reason).await?))
 }
 
 #[derive(Deserialize)]
@@ -147,7 +136,7 @@ pub struct ResolveBody {
 pub async fn resolve(
     State(app): State<App>,
     auth: Authed,
-    Path(id): Path<String>,
+    JobPath(id): JobPath,
     raw: Body,
 ) -> ApiResult<Response> {
     let caller = auth.may(Action::Operate)?;
@@ -157,14 +146,7 @@ pub async fn resolve(
         .ok_or_else(|| ApiError::new(StatusCode::BAD_REQUEST, "verdict is succeeded or cancelled"))?;
     let r = app
         .ledger
-        .resolve(
-            job_id(&id)?,
-            &caller.name,
-            verdict,
-            &b.reason,
-            b.evidence,
-            b.version,
-        )
+        .resolve(id, &caller.name, verdict, &b.reason, b.evidence, b.version)
         .await?;
     Ok(written(&r))
 }
@@ -179,14 +161,14 @@ pub struct AnnotateBody {
 pub async fn annotate(
     State(app): State<App>,
     auth: Authed,
-    Path(id): Path<String>,
+    JobPath(id): JobPath,
     raw: Body,
 ) -> ApiResult<Response> {
     let caller = auth.may(Action::Operate)?;
     let b: AnnotateBody = body(&raw)?;
     Ok(written(
         &app.ledger
-            .annotate(job_id(&id)?, &caller.name, b.corrects, &b.reason)
+            .annotate(id, &caller.name, b.corrects, &b.reason)
             .await?,
     ))
 }

@@ -91,6 +91,22 @@ impl<S: Send + Sync> axum::extract::FromRequest<S> for Body {
     }
 }
 
+/// The `{id}` of a job route, as a job id; anything else is a 400 in JSON.
+pub struct JobPath(pub uuid::Uuid);
+
+impl<S: Send + Sync> FromRequestParts<S> for JobPath {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        let axum::extract::Path(raw) = axum::extract::Path::<String>::from_request_parts(parts, state)
+            .await
+            .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, e.body_text()))?;
+        uuid::Uuid::parse_str(&raw)
+            .map(JobPath)
+            .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, format!("bad job id {raw:?}: {e}")))
+    }
+}
+
 /// The caller behind `Authorization: Bearer <token>`.
 struct Authed(Caller);
 
@@ -115,20 +131,23 @@ impl FromRequestParts<App> for Authed {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, app: &App) -> Result<Self, Self::Rejection> {
-        let header = parts
-            .headers
-            .get(axum::http::header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .ok_or_else(|| {
-                ApiError::new(
-                    StatusCode::UNAUTHORIZED,
-                    "no bearer token (Authorization: Bearer …)",
-                )
-            })?;
-        let token = header.strip_prefix("Bearer ").ok_or_else(|| {
-            ApiError::new(StatusCode::UNAUTHORIZED, "the Authorization header is not Bearer")
-        })?;
-        match app.ledger.authenticate(token.trim()).await? {
+        let unauthorized = |why: &str| ApiError::new(StatusCode::UNAUTHORIZED, why);
+        let mut headers = parts.headers.get_all(axum::http::header::AUTHORIZATION).iter();
+        let header = headers
+            .next()
+            .ok_or_else(|| unauthorized("no bearer token (Authorization: Bearer …)"))?;
+        if headers.next().is_some() {
+            return Err(unauthorized("more than one Authorization header"));
+        }
+        let header = header
+            .to_str()
+            .map_err(|_| unauthorized("the Authorization header is not ASCII"))?;
+        // The scheme is case-insensitive (RFC 9110, 11.1).
+        let token = match header.split_once(' ') {
+            Some((scheme, token)) if scheme.eq_ignore_ascii_case("bearer") => token.trim(),
+            _ => return Err(unauthorized("the Authorization header is not Bearer")),
+        };
+        match app.ledger.authenticate(token).await? {
             Some(c) => Ok(Authed(c)),
             None => Err(ApiError::new(
                 StatusCode::UNAUTHORIZED,
@@ -151,6 +170,12 @@ fn router(app: App) -> Router {
         .route("/v1/jobs/{id}/resolve", post(jobs::resolve))
         .route("/v1/jobs/{id}/annotate", post(jobs::annotate))
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "no such route") })
+        .method_not_allowed_fallback(|| async {
+            ApiError::new(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "this route does not take that method",
+            )
+        })
         .layer(DefaultBodyLimit::max(limit))
         .with_state(app)
 }
