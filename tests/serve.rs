@@ -102,6 +102,8 @@ async fn tokens_and_roles_guard_every_route() {
         "idempotent by key"
     );
     let id = created["job_id"].as_str().unwrap().to_string();
+    let first = db.ledger.history(id.parse().unwrap()).await.unwrap().remove(0);
+    assert_eq!(first.event.actor, "token:wes", "the enqueue names its token");
 
     let (st, v) = call("GET", &format!("{jobs}/{id}"), Some(&reader), None).await;
     assert_eq!((st, v["state"].as_str()), (200, Some("queued")), "{v}");

@@ -24,13 +24,25 @@ pub struct Enqueued {
 
 impl Ledger {
     pub async fn enqueue(&self, new: NewJob) -> LedgerResult<Enqueued> {
+        self.enqueue_as(new, "api").await
+    }
+
+    /// `enqueue`, with `actor` (for example the API token's name) recorded
+    /// in the `enqueued` event.
+    pub async fn enqueue_as(&self, new: NewJob, actor: &str) -> LedgerResult<Enqueued> {
+        self.limits.name("actor", actor)?;
         // No explicit transaction: the epoch/clock read needs none, and the
         // job and its first event are written by one (atomic) statement.
         // Two round trips instead of four.
         let mut conn = self.pool.acquire().await?;
         let mut tries = 0;
         loop {
-            match self.enqueue_in(&mut conn, new.clone()).await {
+            let items = vec![(new.clone(), None)];
+            match self
+                .enqueue_drafts_in(&mut conn, items, actor)
+                .await
+                .map(|mut v| v.pop().expect("one in, one out"))
+            {
                 // The key's previous lifecycle was purged after our epoch was
                 // drawn: nothing was written; draw again.
                 Err(LedgerError::Store(e))
@@ -62,7 +74,7 @@ impl Ledger {
         conn: &mut PgConnection,
         news: Vec<NewJob>,
     ) -> LedgerResult<Vec<Enqueued>> {
-        self.enqueue_drafts_in(conn, news.into_iter().map(|n| (n, None)).collect())
+        self.enqueue_drafts_in(conn, news.into_iter().map(|n| (n, None)).collect(), "api")
             .await
     }
 
@@ -77,6 +89,7 @@ impl Ledger {
             news.into_iter()
                 .map(|(n, id, tie)| (n, Some((id, tie))))
                 .collect(),
+            "api",
         )
         .await
     }
@@ -85,11 +98,12 @@ impl Ledger {
         &self,
         conn: &mut PgConnection,
         items: Vec<(NewJob, Option<(Uuid, WorkflowTie)>)>,
+        actor: &str,
     ) -> LedgerResult<Vec<Enqueued>> {
         for (n, _) in &items {
             self.check_new(n)?;
         }
-        insert_drafts(conn, items, self.hooks.after_epochs.as_ref()).await
+        insert_drafts(conn, items, self.hooks.after_epochs.as_ref(), actor).await
     }
 }
 
@@ -102,6 +116,7 @@ pub(crate) async fn insert_drafts(
     conn: &mut PgConnection,
     items: Vec<(NewJob, Option<(Uuid, WorkflowTie)>)>,
     after_epochs: Option<&AfterEpochs>,
+    actor: &str,
 ) -> LedgerResult<Vec<Enqueued>> {
     let (news, ties): (Vec<NewJob>, Vec<Option<(Uuid, WorkflowTie)>>) = items.into_iter().unzip();
     if news.is_empty() {
@@ -127,7 +142,7 @@ pub(crate) async fn insert_drafts(
         .collect::<Result<_, _>>()?;
     let ctx = Ctx {
         now,
-        actor: "api".into(),
+        actor: actor.into(),
         jitter: 0.0,
     };
     let mut drafts = Vec::with_capacity(news.len());

@@ -333,6 +333,6 @@ async fn fan_in_if_due(conn: &mut PgConnection, parent: &Job) -> LedgerResult<()
         then: vec![],
         on_dependency_failure: DependencyPolicy::Run,
     });
-    super::enqueue::insert_drafts(conn, vec![(new, Some((f.job_id, tie)))], None).await?;
+    super::enqueue::insert_drafts(conn, vec![(new, Some((f.job_id, tie)))], None, "api").await?;
     Ok(())
 }

@@ -34,7 +34,8 @@ pub struct EnqueueBody {
 }
 
 pub async fn enqueue(State(app): State<App>, auth: Authed, raw: Body) -> ApiResult<Response> {
-    auth.may(Action::Enqueue)?;
+    let caller = auth.may(Action::Enqueue)?;
+    let actor = format!("token:{}", caller.name);
     let b: EnqueueBody = body(&raw)?;
     if b.delay_ms.is_some() && b.run_at.is_some() {
         return Err(ApiError::new(
@@ -44,16 +45,19 @@ pub async fn enqueue(State(app): State<App>, auth: Authed, raw: Body) -> ApiResu
     }
     let e = app
         .ledger
-        .enqueue(NewJob {
-            queue: b.queue,
-            kind: b.kind,
-            job_key: b.key,
-            payload: b.payload,
-            priority: b.priority,
-            run_at: b.run_at,
-            delay_ms: b.delay_ms,
-            policy: None,
-        })
+        .enqueue_as(
+            NewJob {
+                queue: b.queue,
+                kind: b.kind,
+                job_key: b.key,
+                payload: b.payload,
+                priority: b.priority,
+                run_at: b.run_at,
+                delay_ms: b.delay_ms,
+                policy: None,
+            },
+            &actor,
+        )
         .await?;
     let status = if e.created {
         StatusCode::CREATED
