@@ -3,7 +3,8 @@
 use serde_json::{json, Value};
 
 use jobledger::domain::{digest::fmt_time, Job, Outcome};
-use jobledger::ledger::{LedgerError, WriteResult};
+use jobledger::ledger::{Enqueued, LedgerError, WriteResult};
+use jobledger::store::TombstoneRow;
 
 pub const OK: i32 = 0;
 pub const FAILURE: i32 = 1;
@@ -83,4 +84,20 @@ pub fn write_json(r: &WriteResult) -> Value {
         o.insert("detail".into(), json!(d));
     }
     v
+}
+
+/// What is left of a purged job, as `show` and `GET /v1/jobs/{id}` print it.
+pub fn tombstone_json(t: &TombstoneRow) -> Value {
+    json!({
+        "job_id": t.job_id, "state": t.state, "purged": true, "purged_at": fmt_time(t.purged_at),
+        "queue": t.queue, "key": t.job_key, "epoch": t.epoch, "token": t.token, "version": t.version,
+    })
+}
+
+/// An enqueue's answer, as `enqueue` and `POST /v1/jobs` print it.
+pub fn enqueued_json(e: &Enqueued) -> Value {
+    json!({
+        "job_id": e.job.job_id, "epoch": e.job.epoch, "token": e.job.token,
+        "state": e.job.state, "created": e.created, "position": e.position,
+    })
 }

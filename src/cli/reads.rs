@@ -5,7 +5,6 @@ use serde_json::json;
 
 use super::args::{Cli, Cmd};
 use super::output::{self, line};
-use jobledger::domain::digest::fmt_time;
 use jobledger::ledger::{Found, Ledger};
 
 /// `show`, `history`, `replay-log`, `stats`.
@@ -14,10 +13,7 @@ async fn basic(ledger: &Ledger, cli: &Cli) -> Result<i32> {
         Cmd::Show { job } => {
             match ledger.show(*job).await? {
                 Found::Live(j) => line(&super::workflow::shown(ledger, &j).await?),
-                Found::Purged(t) => line(&json!({
-                    "job_id": t.job_id, "state": t.state, "purged": true, "purged_at": fmt_time(t.purged_at),
-                    "queue": t.queue, "key": t.job_key, "epoch": t.epoch, "token": t.token, "version": t.version,
-                })),
+                Found::Purged(t) => line(&output::tombstone_json(&t)),
             }
             Ok(output::OK)
         }

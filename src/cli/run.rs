@@ -177,10 +177,7 @@ async fn enqueue(ledger: &Ledger, cli: &Cli) -> Result<i32> {
                 policy: policy.to_policy(),
             };
             let e = ledger.enqueue(new).await?;
-            line(&json!({
-                "job_id": e.job.job_id, "epoch": e.job.epoch, "token": e.job.token,
-                "state": e.job.state, "created": e.created, "position": e.position,
-            }));
+            line(&output::enqueued_json(&e));
             Ok(output::OK)
         }
         _ => unreachable!("dispatched by `run`"),

@@ -104,7 +104,7 @@ impl Ledger {
         self.limits.name("actor", actor)?;
         if let Some(n) = note {
             self.limits.text("reason", n)?;
-            super::verdicts::typed("reason", n)?;
+            super::validate::typed("reason", n)?;
         }
         self.transition(
             job_id,
@@ -141,8 +141,8 @@ impl Ledger {
     pub async fn replay(&self, job_id: Uuid, operator: &str, note: &str) -> LedgerResult<WriteResult> {
         self.limits.name("operator", operator)?;
         self.limits.name("reason", note)?;
-        super::verdicts::typed("operator", operator)?;
-        super::verdicts::typed("reason", note)?;
+        super::validate::typed("operator", operator)?;
+        super::validate::typed("reason", note)?;
         let actor = format!("operator:{operator}");
         self.transition(
             job_id,

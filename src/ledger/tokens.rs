@@ -79,7 +79,7 @@ impl Ledger {
     /// which is not stored and cannot be shown again.
     pub async fn create_token(&self, name: &str, role: Role) -> LedgerResult<String> {
         self.limits.name("token name", name)?;
-        super::verdicts::typed("token name", name)?;
+        super::validate::typed("token name", name)?;
         // The name becomes an actor (`operator:NAME`), which has the names'
         // limit: leave room for the prefix.
         if name.len() > 200 {

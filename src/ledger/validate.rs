@@ -79,3 +79,17 @@ fn has_nul(value: &Value) -> bool {
         _ => false,
     }
 }
+
+/// A name or a reason a person typed: not blank, and no control
+/// characters (a newline would forge a line of `history`).
+pub(crate) fn typed(what: &str, value: &str) -> LedgerResult<()> {
+    if value.trim().is_empty() {
+        return Err(LedgerError::BadInput(format!("{what} must not be blank")));
+    }
+    if value.chars().any(char::is_control) {
+        return Err(LedgerError::BadInput(format!(
+            "{what} contains a control character"
+        )));
+    }
+    Ok(())
+}

@@ -11,20 +11,6 @@ use super::Ledger;
 use crate::domain::{Command, JobState};
 use crate::store::events;
 
-/// A name or a reason a person typed: not blank, and no control
-/// characters (a newline would forge a line of `history`).
-pub(crate) fn typed(what: &str, value: &str) -> LedgerResult<()> {
-    if value.trim().is_empty() {
-        return Err(LedgerError::BadInput(format!("{what} must not be blank")));
-    }
-    if value.chars().any(char::is_control) {
-        return Err(LedgerError::BadInput(format!(
-            "{what} contains a control character"
-        )));
-    }
-    Ok(())
-}
-
 impl Ledger {
     /// Records an operator's verdict (`succeeded` or `cancelled`) on a job
     /// that is `dead` or `awaiting_receipt`, with the reason and the evidence
@@ -42,8 +28,8 @@ impl Ledger {
     ) -> LedgerResult<WriteResult> {
         self.limits.name("operator", operator)?;
         self.limits.name("reason", note)?;
-        typed("operator", operator)?;
-        typed("reason", note)?;
+        super::validate::typed("operator", operator)?;
+        super::validate::typed("reason", note)?;
         self.limits.json("evidence", &evidence)?;
         if evidence.as_object().is_none_or(|o| o.is_empty()) {
             return Err(LedgerError::BadInput(
@@ -83,8 +69,8 @@ impl Ledger {
     ) -> LedgerResult<WriteResult> {
         self.limits.name("operator", operator)?;
         self.limits.name("reason", note)?;
-        typed("operator", operator)?;
-        typed("reason", note)?;
+        super::validate::typed("operator", operator)?;
+        super::validate::typed("reason", note)?;
         let version = match events::event_at(self.pool(), corrects).await? {
             Some((owner, version)) if owner == job_id => version,
             Some((owner, _)) => {

@@ -9,7 +9,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::{written, ApiError, ApiResult, App, Authed, Body, JobPath};
-use jobledger::domain::{digest::fmt_time, JobState, NewJob};
+use jobledger::domain::{JobState, NewJob};
 use jobledger::ledger::tokens::Action;
 use jobledger::ledger::Found;
 
@@ -64,28 +64,24 @@ pub async fn enqueue(State(app): State<App>, auth: Authed, raw: Body) -> ApiResu
     } else {
         StatusCode::OK
     };
-    let v = json!({
-        "job_id": e.job.job_id, "epoch": e.job.epoch, "token": e.job.token,
-        "state": e.job.state, "created": e.created, "position": e.position,
-    });
-    Ok((status, Json(v)).into_response())
+    Ok((status, Json(crate::cli::output::enqueued_json(&e))).into_response())
 }
 
 pub async fn show(State(app): State<App>, auth: Authed, JobPath(id): JobPath) -> ApiResult<Json<Value>> {
     auth.may(Action::Read)?;
     Ok(Json(match app.ledger.show(id).await? {
-        Found::Live(j) => crate::cli::output::job_json(&j),
-        Found::Purged(t) => json!({
-            "job_id": t.job_id, "state": t.state, "purged": true, "purged_at": fmt_time(t.purged_at),
-            "queue": t.queue, "key": t.job_key, "epoch": t.epoch, "token": t.token, "version": t.version,
-        }),
+        Found::Live(j) => crate::cli::workflow::shown(&app.ledger, &j).await.map_err(|e| {
+            tracing::error!("show {id}: {e:#}");
+            ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal error (logged)")
+        })?,
+        Found::Purged(t) => crate::cli::output::tombstone_json(&t),
     }))
 }
 
 pub async fn history(State(app): State<App>, auth: Authed, JobPath(id): JobPath) -> ApiResult<Json<Value>> {
     auth.may(Action::Read)?;
-    // An unknown job is a 404; a purged one's events are still told.
-    app.ledger.show(id).await?;
+    // An unknown job is the timeline's own NotFound (404); a purged job's
+    // events are still told.
     let lines = jobledger::ledger::timeline::json_lines(&app.ledger, id).await?;
     Ok(Json(json!({ "job_id": id, "entries": lines })))
 }
@@ -145,8 +141,8 @@ pub async fn resolve(
 ) -> ApiResult<Response> {
     let caller = auth.may(Action::Operate)?;
     let b: ResolveBody = body(&raw)?;
+    // Any state name parses; the ledger refuses all but the two verdicts.
     let verdict = JobState::parse(&b.verdict)
-        .filter(|s| matches!(s, JobState::Succeeded | JobState::Cancelled))
         .ok_or_else(|| ApiError::new(StatusCode::BAD_REQUEST, "verdict is succeeded or cancelled"))?;
     let r = app
         .ledger

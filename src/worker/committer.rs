@@ -2,7 +2,7 @@
 //! batch finishes go into one transaction, each still fenced on its own.
 
 use serde_json::Value;
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashSet, VecDeque};
 use std::time::Instant;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinSet;
@@ -52,26 +52,20 @@ struct Rules<T> {
 /// one's commit with its own rows locked, which undoes having two in flight
 /// (a fan-out's branches end together). So a completion whose parent is
 /// busy waits for the next batch instead, where it joins its siblings.
+/// (A set: a busy parent is never taken by a second batch.)
 #[derive(Default)]
-struct Busy(HashMap<Uuid, usize>);
+struct Busy(HashSet<Uuid>);
 
 impl Busy {
     fn free(&self, parent: Option<Uuid>) -> bool {
-        parent.is_none_or(|p| !self.0.contains_key(&p))
+        parent.is_none_or(|p| !self.0.contains(&p))
     }
     fn take(&mut self, parents: &[Uuid]) {
-        for p in parents {
-            *self.0.entry(*p).or_default() += 1;
-        }
+        self.0.extend(parents.iter().copied());
     }
     fn give_back(&mut self, parents: Vec<Uuid>) {
         for p in parents {
-            if let Some(n) = self.0.get_mut(&p) {
-                *n -= 1;
-                if *n == 0 {
-                    self.0.remove(&p);
-                }
-            }
+            self.0.remove(&p);
         }
     }
 }
