@@ -7,4 +7,5 @@ pub mod reader;
 pub mod rebuilt;
 pub mod relay;
 pub mod store;
+pub mod wire_schema;
 pub mod worker;

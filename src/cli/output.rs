@@ -1,8 +1,10 @@
 //! JSON lines on stdout; exit codes.
 
+use serde::Serialize;
 use serde_json::{json, Value};
+use uuid::Uuid;
 
-use jobledger::domain::{digest::fmt_time, Job, Outcome};
+use jobledger::domain::{digest::fmt_time, Job, JobState, NextAction, Outcome, Reason};
 use jobledger::ledger::{Enqueued, LedgerError, WriteResult};
 use jobledger::store::TombstoneRow;
 
@@ -57,33 +59,100 @@ pub fn job_json(j: &Job) -> Value {
     })
 }
 
-/// A fenced write's answer: {outcome, job_id, state, ...}.
+/// A fenced write's answer, as the CLI prints it and the API returns it.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct WriteAnswer {
+    pub outcome: Outcome,
+    pub job_id: Uuid,
+    /// The job after the write (or as found when refused); absent if purged.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub state: Option<JobState>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<Reason>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub epoch: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub token: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub attempt: Option<i32>,
+    /// When a queued job is due.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub run_at: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lease_until: Option<String>,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub purged: bool,
+    /// The log position of the appended event.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub position: Option<i64>,
+    /// Why a write was refused, in words.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
+}
+
+impl From<&WriteResult> for WriteAnswer {
+    fn from(r: &WriteResult) -> Self {
+        let j = r.job.as_ref();
+        WriteAnswer {
+            outcome: r.outcome,
+            job_id: r.job_id,
+            state: j.map(|j| j.state),
+            reason: j.map(|j| j.reason),
+            epoch: j.map(|j| j.epoch),
+            token: j.map(|j| j.token),
+            attempt: j.map(|j| j.attempt),
+            run_at: j
+                .filter(|j| j.state == JobState::Queued)
+                .map(|j| fmt_time(j.run_at)),
+            lease_until: j.and_then(|j| j.lease_until).map(fmt_time),
+            purged: r.purged,
+            position: r.position,
+            detail: r.detail.clone(),
+        }
+    }
+}
+
 pub fn write_json(r: &WriteResult) -> Value {
-    let mut v = json!({ "outcome": r.outcome, "job_id": r.job_id });
-    let o = v.as_object_mut().expect("object");
-    if let Some(j) = &r.job {
-        o.insert("state".into(), json!(j.state));
-        o.insert("reason".into(), json!(j.reason));
-        o.insert("epoch".into(), json!(j.epoch));
-        o.insert("token".into(), json!(j.token));
-        o.insert("attempt".into(), json!(j.attempt));
-        if j.state == jobledger::domain::JobState::Queued {
-            o.insert("run_at".into(), json!(fmt_time(j.run_at)));
+    serde_json::to_value(WriteAnswer::from(r)).expect("plain data")
+}
+
+/// A lease a claim handed out: what the worker needs to do the work and to
+/// write through the fence.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct LeaseGrant {
+    pub job_id: Uuid,
+    pub epoch: i64,
+    pub token: i64,
+    pub attempt: i32,
+    /// `execute`, or `reconcile` after a takeover: find out what the last
+    /// holder did before doing it again.
+    pub next_action: NextAction,
+    pub queue: String,
+    pub kind: String,
+    pub key: Option<String>,
+    #[schema(value_type = Object)]
+    pub payload: Value,
+    pub lease_until: Option<String>,
+    /// The last progress step the previous holder recorded.
+    pub step: Option<String>,
+}
+
+impl From<&Job> for LeaseGrant {
+    fn from(j: &Job) -> Self {
+        LeaseGrant {
+            job_id: j.job_id,
+            epoch: j.epoch,
+            token: j.token,
+            attempt: j.attempt,
+            next_action: j.next_action,
+            queue: j.queue.clone(),
+            kind: j.kind.clone(),
+            key: j.job_key.clone(),
+            payload: j.payload.clone(),
+            lease_until: j.lease_until.map(fmt_time),
+            step: j.step.clone(),
         }
-        if let Some(until) = j.lease_until {
-            o.insert("lease_until".into(), json!(fmt_time(until)));
-        }
     }
-    if r.purged {
-        o.insert("purged".into(), json!(true));
-    }
-    if let Some(p) = r.position {
-        o.insert("position".into(), json!(p));
-    }
-    if let Some(d) = &r.detail {
-        o.insert("detail".into(), json!(d));
-    }
-    v
 }
 
 /// What is left of a purged job, as `show` and `GET /v1/jobs/{id}` print it.
@@ -100,4 +169,40 @@ pub fn enqueued_json(e: &Enqueued) -> Value {
         "job_id": e.job.job_id, "epoch": e.job.epoch, "token": e.job.token,
         "state": e.job.state, "created": e.created, "position": e.position,
     })
+}
+
+/// A job as a search lists it.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct JobSummary {
+    pub job_id: Uuid,
+    pub queue: String,
+    pub kind: String,
+    pub key: Option<String>,
+    pub state: JobState,
+    pub reason: Reason,
+    pub attempt: i32,
+    pub epoch: i64,
+    pub token: i64,
+    pub version: i64,
+    pub created_at: String,
+    pub updated_at: String,
+}
+
+impl From<&Job> for JobSummary {
+    fn from(j: &Job) -> Self {
+        JobSummary {
+            job_id: j.job_id,
+            queue: j.queue.clone(),
+            kind: j.kind.clone(),
+            key: j.job_key.clone(),
+            state: j.state,
+            reason: j.reason,
+            attempt: j.attempt,
+            epoch: j.epoch,
+            token: j.token,
+            version: j.version,
+            created_at: fmt_time(j.created_at),
+            updated_at: fmt_time(j.updated_at),
+        }
+    }
 }

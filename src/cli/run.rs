@@ -7,7 +7,7 @@ use std::time::Duration;
 use super::args::{Cli, Cmd, FenceArgs, TokenCmd};
 use super::output::{self, line, outcome_code, write_json, BadInput};
 use super::parse::json_arg;
-use jobledger::domain::{digest::fmt_time, Fence, JobState, NewJob};
+use jobledger::domain::{Fence, JobState, NewJob};
 use jobledger::ledger::tokens::Role;
 use jobledger::ledger::{Lease, Ledger, Limits, WriteResult};
 
@@ -195,11 +195,7 @@ async fn lease_writes(ledger: &Ledger, cli: &Cli) -> Result<i32> {
         } => {
             for l in ledger.claim(queue, worker, *lease, *limit).await? {
                 let j = l.job().expect("claimed leases carry their job");
-                line(&json!({
-                    "job_id": j.job_id, "epoch": j.epoch, "token": j.token, "attempt": j.attempt,
-                    "next_action": j.next_action, "queue": j.queue, "kind": j.kind, "key": j.job_key,
-                    "payload": j.payload, "lease_until": j.lease_until.map(fmt_time), "step": j.step,
-                }));
+                line(&json!(output::LeaseGrant::from(j)));
             }
             Ok(output::OK)
         }

@@ -7,6 +7,7 @@ mod error;
 mod follow;
 mod lease;
 mod ops;
+pub mod search;
 pub mod timeline;
 pub mod tokens;
 mod validate;

@@ -7,25 +7,28 @@ use axum::Json;
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::{json, Value};
+use utoipa::ToSchema;
 
-use super::{written, ApiError, ApiResult, App, Authed, Body, JobPath};
+use super::{written, ApiError, ApiResult, App, Authed, Body, ErrorBody, JobPath};
+use crate::cli::output::WriteAnswer;
 use jobledger::domain::{JobState, NewJob};
 use jobledger::ledger::tokens::Action;
 use jobledger::ledger::Found;
 
 /// The body as `T`, or 400 with serde's one-line reason.
-fn body<T: DeserializeOwned>(raw: &Body) -> ApiResult<T> {
+pub(super) fn body<T: DeserializeOwned>(raw: &Body) -> ApiResult<T> {
     serde_json::from_slice(&raw.0)
         .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, format!("bad request body: {e}")))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct EnqueueBody {
     queue: String,
     kind: String,
     key: Option<String>,
     #[serde(default)]
+    #[schema(value_type = Object)]
     payload: Value,
     #[serde(default)]
     priority: i16,
@@ -33,6 +36,13 @@ pub struct EnqueueBody {
     run_at: Option<chrono::DateTime<chrono::Utc>>,
 }
 
+/// Enqueues one job; idempotent by (queue, key).
+#[utoipa::path(post, path = "/v1/jobs", tag = "jobs", request_body = EnqueueBody,
+    responses((status = 201, description = "created", body = serde_json::Value),
+        (status = 200, description = "the job this key already names", body = serde_json::Value),
+        (status = 409, description = "the key names a job with another payload", body = ErrorBody),
+        (status = 413, body = ErrorBody), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody)),
+    security(("bearer" = [])))]
 pub async fn enqueue(State(app): State<App>, auth: Authed, raw: Body) -> ApiResult<Response> {
     let caller = auth.may(Action::Enqueue)?;
     let actor = format!("token:{}", caller.name);
@@ -67,6 +77,11 @@ pub async fn enqueue(State(app): State<App>, auth: Authed, raw: Body) -> ApiResu
     Ok((status, Json(crate::cli::output::enqueued_json(&e))).into_response())
 }
 
+/// The job's current state (a workflow parent answers per step; a purged
+/// job answers with its tombstone).
+#[utoipa::path(get, path = "/v1/jobs/{id}", tag = "jobs", params(("id" = Uuid, Path, description = "The job")),
+    responses((status = 200, body = serde_json::Value), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody)),
+    security(("bearer" = [])))]
 pub async fn show(State(app): State<App>, auth: Authed, JobPath(id): JobPath) -> ApiResult<Json<Value>> {
     auth.may(Action::Read)?;
     Ok(Json(match app.ledger.show(id).await? {
@@ -78,6 +93,11 @@ pub async fn show(State(app): State<App>, auth: Authed, JobPath(id): JobPath) ->
     }))
 }
 
+/// The job's timeline: every event with its words, the refused writes
+/// beside them and corrections under the event they correct.
+#[utoipa::path(get, path = "/v1/jobs/{id}/history", tag = "jobs", params(("id" = Uuid, Path, description = "The job")),
+    responses((status = 200, body = serde_json::Value), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody)),
+    security(("bearer" = [])))]
 pub async fn history(State(app): State<App>, auth: Authed, JobPath(id): JobPath) -> ApiResult<Json<Value>> {
     auth.may(Action::Read)?;
     // An unknown job is the timeline's own NotFound (404); a purged job's
@@ -86,12 +106,20 @@ pub async fn history(State(app): State<App>, auth: Authed, JobPath(id): JobPath)
     Ok(Json(json!({ "job_id": id, "entries": lines })))
 }
 
-#[derive(Deserialize, Default)]
+#[derive(Deserialize, Default, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ReasonBody {
     reason: Option<String>,
 }
 
+/// Cancels a job (before start: cancelled; running: cancel requested).
+#[utoipa::path(post, path = "/v1/jobs/{id}/cancel", tag = "operator", params(("id" = Uuid, Path, description = "The job")),
+    request_body(content = ReasonBody, description = "optional"),
+    responses((status = 200, description = "committed or already_committed", body = WriteAnswer),
+        (status = 409, description = "stale or conflict", body = WriteAnswer),
+        (status = 422, description = "invalid_transition", body = WriteAnswer),
+        (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody)),
+    security(("bearer" = [])))]
 pub async fn cancel(
     State(app): State<App>,
     auth: Authed,
@@ -110,6 +138,14 @@ pub async fn cancel(
     ))
 }
 
+/// Replays a dead or cancelled job: a new run under a new token.
+#[utoipa::path(post, path = "/v1/jobs/{id}/replay", tag = "operator", params(("id" = Uuid, Path, description = "The job")),
+    request_body = ReasonBody,
+    responses((status = 200, description = "committed or already_committed", body = WriteAnswer),
+        (status = 409, description = "stale or conflict", body = WriteAnswer),
+        (status = 422, description = "invalid_transition", body = WriteAnswer),
+        (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody)),
+    security(("bearer" = [])))]
 pub async fn replay(
     State(app): State<App>,
     auth: Authed,
@@ -124,15 +160,26 @@ pub async fn replay(
     Ok(written(&app.ledger.replay(id, &caller.name, &reason).await?))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ResolveBody {
     verdict: String,
     reason: String,
+    /// What the operator checked, as JSON (kept with its digest).
+    #[schema(value_type = Object)]
     evidence: Value,
     version: i64,
 }
 
+/// Records an operator's verdict on a dead job or one awaiting its receipt,
+/// fenced on the job's version.
+#[utoipa::path(post, path = "/v1/jobs/{id}/resolve", tag = "operator", params(("id" = Uuid, Path, description = "The job")),
+    request_body = ResolveBody,
+    responses((status = 200, description = "committed or already_committed", body = WriteAnswer),
+        (status = 409, description = "stale or conflict", body = WriteAnswer),
+        (status = 422, description = "invalid_transition", body = WriteAnswer),
+        (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody), (status = 413, body = ErrorBody)),
+    security(("bearer" = [])))]
 pub async fn resolve(
     State(app): State<App>,
     auth: Authed,
@@ -151,13 +198,21 @@ pub async fn resolve(
     Ok(written(&r))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct AnnotateBody {
     corrects: i64,
     reason: String,
 }
 
+/// Appends a correction beside an earlier event; changes no state.
+#[utoipa::path(post, path = "/v1/jobs/{id}/annotate", tag = "operator", params(("id" = Uuid, Path, description = "The job")),
+    request_body = AnnotateBody,
+    responses((status = 200, description = "committed or already_committed", body = WriteAnswer),
+        (status = 409, description = "stale or conflict", body = WriteAnswer),
+        (status = 422, description = "invalid_transition", body = WriteAnswer),
+        (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody)),
+    security(("bearer" = [])))]
 pub async fn annotate(
     State(app): State<App>,
     auth: Authed,

@@ -8,11 +8,14 @@
 //! write is never a 5xx and never a 200.
 
 mod jobs;
+mod openapi;
+mod search;
+mod work;
 
 use axum::extract::{DefaultBodyLimit, FromRequestParts};
 use axum::http::{request::Parts, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::get;
 use axum::{Json, Router};
 use serde_json::json;
 use std::time::Duration;
@@ -32,9 +35,15 @@ impl ApiError {
     }
 }
 
+/// Every refusal's body: one line saying why.
+#[derive(serde::Serialize, utoipa::ToSchema)]
+pub struct ErrorBody {
+    error: String,
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (self.0, Json(json!({ "error": self.1 }))).into_response()
+        (self.0, Json(ErrorBody { error: self.1 })).into_response()
     }
 }
 
@@ -157,18 +166,45 @@ impl FromRequestParts<App> for Authed {
     }
 }
 
+/// The API's routes and its OpenAPI document, from the same list: a route
+/// cannot be served without being documented, nor documented unserved.
+fn api() -> (Router<App>, utoipa::openapi::OpenApi) {
+    use utoipa_axum::{router::OpenApiRouter, routes};
+    OpenApiRouter::with_openapi(openapi::info())
+        .routes(routes!(jobs::enqueue, search::search))
+        .routes(routes!(jobs::show))
+        .routes(routes!(jobs::history))
+        .routes(routes!(jobs::cancel))
+        .routes(routes!(jobs::replay))
+        .routes(routes!(jobs::resolve))
+        .routes(routes!(jobs::annotate))
+        .routes(routes!(work::claim))
+        .routes(routes!(work::heartbeat))
+        .routes(routes!(work::progress))
+        .routes(routes!(work::complete))
+        .routes(routes!(work::fail))
+        .routes(routes!(work::submit))
+        .routes(routes!(work::confirm_cancel))
+        .routes(routes!(work::release))
+        .routes(routes!(work::snooze))
+        .routes(routes!(work::observe))
+        .routes(routes!(work::receipt))
+        .routes(routes!(work::complete_batch))
+        .routes(routes!(work::heartbeat_batch))
+        .split_for_parts()
+}
+
 fn router(app: App) -> Router {
     // The limit on a whole body: the largest payload plus room for the rest
     // of the request; the ledger still checks each payload exactly.
     let limit = app.max_body + 64 * 1024;
-    Router::new()
-        .route("/v1/jobs", post(jobs::enqueue))
-        .route("/v1/jobs/{id}", get(jobs::show))
-        .route("/v1/jobs/{id}/history", get(jobs::history))
-        .route("/v1/jobs/{id}/cancel", post(jobs::cancel))
-        .route("/v1/jobs/{id}/replay", post(jobs::replay))
-        .route("/v1/jobs/{id}/resolve", post(jobs::resolve))
-        .route("/v1/jobs/{id}/annotate", post(jobs::annotate))
+    let (routes, doc) = api();
+    let doc = std::sync::Arc::new(doc);
+    routes
+        .route(
+            "/v1/openapi.json",
+            get(move || async move { Json(doc.as_ref().clone()) }),
+        )
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "no such route") })
         .method_not_allowed_fallback(|| async {
             ApiError::new(

@@ -14,6 +14,7 @@ pub mod readers;
 pub mod rejections;
 pub mod rows;
 pub mod schema;
+pub mod search;
 pub mod tokens;
 pub mod tombstones;
 pub mod workflows;

@@ -6,6 +6,7 @@ pub mod cli;
 pub mod counting;
 pub mod gated;
 pub mod kafka;
+pub mod serve;
 pub mod workers;
 pub mod workflows;
 
