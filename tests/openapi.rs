@@ -61,6 +61,15 @@ async fn the_document_validates_and_names_every_route() {
         ("/v1/jobs/{id}/receipt", "post"),
         ("/v1/leases/complete", "post"),
         ("/v1/leases/heartbeat", "post"),
+        ("/v1/jobs/batch", "post"),
+        ("/v1/workflows", "post"),
+        ("/v1/workflows/{id}", "get"),
+        ("/v1/workflows/{id}/cancel", "post"),
+        ("/v1/replays", "post"),
+        ("/v1/queues", "get"),
+        ("/v1/readers", "get"),
+        ("/v1/projections", "get"),
+        ("/v1/projections/{name}/rebuild", "post"),
     ] {
         let op = &paths.get(path).unwrap_or_else(|| panic!("{path} missing"))[method];
         assert!(op.is_object(), "{method} {path} missing");

@@ -69,6 +69,14 @@ const COLUMNS: &str =
     "name, version, active_table, txid, position, building_version, building_table, b_txid, b_position";
 
 pub async fn entries(pool: &PgPool) -> Result<Vec<Entry>, sqlx::Error> {
+    // Before any runner installed the registry there are no projections
+    // (not an error: `projections status` and the API ask on fresh ledgers).
+    let installed: bool = sqlx::query_scalar("SELECT to_regclass('jobledger_proj.registry') IS NOT NULL")
+        .fetch_one(pool)
+        .await?;
+    if !installed {
+        return Ok(vec![]);
+    }
     sqlx::query_as(&format!(
         "SELECT {COLUMNS} FROM jobledger_proj.registry ORDER BY name"
     ))

@@ -12,7 +12,7 @@ use jobledger_projections::runner::Runner;
 use jobledger_projections::shipped::{JobTimeline, QueueStats};
 use jobledger_projections::Projection;
 
-fn shipped() -> [&'static dyn Projection; 4] {
+pub fn shipped() -> [&'static dyn Projection; 4] {
     [
         &JobTimeline,
         &QueueStats,
@@ -38,10 +38,11 @@ pub async fn run(ledger: &Ledger, action: &str, name: Option<&str>) -> Result<i3
             let Some(name) = name else {
                 bail!(super::output::BadInput("rebuild needs a projection name".into()))
             };
-            let Some(p) = shipped().into_iter().find(|p| p.name() == name) else {
-                bail!(super::output::BadInput(format!("unknown projection {name:?}")));
-            };
-            let table = runner.start_rebuild(p).await?;
+            let table = start_rebuild(ledger, name).await?;
+            let p = shipped()
+                .into_iter()
+                .find(|p| p.name() == name)
+                .expect("start_rebuild knows it");
             let entry = registry::entries(ledger.pool())
                 .await?
                 .into_iter()
@@ -79,29 +80,7 @@ pub async fn run(ledger: &Ledger, action: &str, name: Option<&str>) -> Result<i3
             }
         }
         _ => {
-            for e in registry::entries(ledger.pool()).await? {
-                let mut v = json!({ "projection": e.name, "version": e.version, "table": e.active_table,
-                                    "checkpoint": { "txid": e.txid, "position": e.position },
-                                    "rebuilding": e.building_version, "rebuild_table": e.building_table });
-                if action == "status" {
-                    let lag = reader
-                        .lag(Checkpoint {
-                            txid: e.txid,
-                            position: e.position,
-                        })
-                        .await?;
-                    v["lag_events"] = json!(lag.events);
-                    v["lag_seconds"] = json!(lag.seconds);
-                    if e.building_table.is_some() {
-                        let b = reader
-                            .lag(Checkpoint {
-                                txid: e.b_txid,
-                                position: e.b_position,
-                            })
-                            .await?;
-                        v["rebuild_remaining_events"] = json!(b.events);
-                    }
-                }
+            for v in status_json(ledger, &reader, action == "status").await? {
                 line(&v);
             }
         }
@@ -139,4 +118,49 @@ pub async fn query(
         line(&row);
     }
     Ok(output::OK)
+}
+
+/// Each projection's registry entry; with `lag`, how far behind the log its
+/// serving table (and a rebuild in progress) is. `projections list|status`
+/// and `GET /v1/projections` print these.
+pub async fn status_json(ledger: &Ledger, reader: &LogReader, lag: bool) -> Result<Vec<serde_json::Value>> {
+    let mut out = vec![];
+    for e in registry::entries(ledger.pool()).await? {
+        let mut v = json!({ "projection": e.name, "version": e.version, "table": e.active_table,
+                            "checkpoint": { "txid": e.txid, "position": e.position },
+                            "rebuilding": e.building_version, "rebuild_table": e.building_table });
+        if lag {
+            let l = reader
+                .lag(Checkpoint {
+                    txid: e.txid,
+                    position: e.position,
+                })
+                .await?;
+            v["lag_events"] = json!(l.events);
+            v["lag_seconds"] = json!(l.seconds);
+            if e.building_table.is_some() {
+                let b = reader
+                    .lag(Checkpoint {
+                        txid: e.b_txid,
+                        position: e.b_position,
+                    })
+                    .await?;
+                v["rebuild_remaining_events"] = json!(b.events);
+            }
+        }
+        out.push(v);
+    }
+    Ok(out)
+}
+
+/// Starts rebuilding `name` into a fresh table and returns that table's
+/// name; the projections service (`projections run`) carries it on while
+/// the serving table keeps serving (`projections rebuild` also drives it).
+pub async fn start_rebuild(ledger: &Ledger, name: &str) -> Result<String> {
+    let Some(p) = shipped().into_iter().find(|p| p.name() == name) else {
+        bail!(super::output::BadInput(format!("unknown projection {name:?}")));
+    };
+    let reader = LogReader::source(ledger.pool().clone());
+    let runner = Runner::new(ledger.pool().clone(), &reader, 5000).await?;
+    Ok(runner.start_rebuild(p).await?)
 }

@@ -53,14 +53,8 @@ async fn basic(ledger: &Ledger, cli: &Cli) -> Result<i32> {
             for (state, n) in ledger.counts_by_state().await? {
                 line(&json!({ "state": state, "jobs": n }));
             }
-            for name in ledger.reader_names().await? {
-                let reader = jobledger::reader::LogReader::open(ledger.pool().clone(), &name).await?;
-                let cp = reader.checkpoint().await?;
-                let lag = reader.lag(cp).await?;
-                line(
-                    &json!({ "reader": name, "checkpoint": cp, "lag_events": lag.events,
-                              "lag_seconds": lag.seconds, "horizon_held_by": lag.horizon_holder }),
-                );
+            for v in readers_json(ledger).await? {
+                line(&v);
             }
             Ok(output::OK)
         }
@@ -116,4 +110,20 @@ pub async fn run(ledger: &Ledger, cli: &Cli) -> Result<i32> {
         Cmd::Verify { .. } => verify(ledger, cli).await,
         _ => basic(ledger, cli).await,
     }
+}
+
+/// Every named log reader (the relay, consumers) with how far behind the
+/// log it is and what holds the horizon back: `stats` and `GET /v1/readers`.
+pub async fn readers_json(ledger: &Ledger) -> Result<Vec<serde_json::Value>> {
+    let mut out = vec![];
+    for name in ledger.reader_names().await? {
+        let reader = jobledger::reader::LogReader::open(ledger.pool().clone(), &name).await?;
+        let cp = reader.checkpoint().await?;
+        let lag = reader.lag(cp).await?;
+        out.push(
+            json!({ "reader": name, "checkpoint": cp, "lag_events": lag.events,
+                         "lag_seconds": lag.seconds, "horizon_held_by": lag.horizon_holder }),
+        );
+    }
+    Ok(out)
 }

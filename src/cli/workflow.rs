@@ -9,7 +9,7 @@ use super::output::{self, job_json, line, outcome_code, write_json, BadInput};
 use super::parse::json_arg;
 use jobledger::domain::workflow::{Membership, WorkflowSpec};
 use jobledger::domain::Job;
-use jobledger::ledger::Ledger;
+use jobledger::ledger::{Ledger, WorkflowCreated, WorkflowView};
 
 pub async fn run(ledger: &Ledger, action: &WorkflowCmd, max_bytes: usize) -> Result<i32> {
     match action {
@@ -17,24 +17,12 @@ pub async fn run(ledger: &Ledger, action: &WorkflowCmd, max_bytes: usize) -> Res
             let v = json_arg("spec", spec, max_bytes).map_err(BadInput)?;
             let spec: WorkflowSpec =
                 serde_json::from_value(v).map_err(|e| BadInput(format!("workflow spec: {e}")))?;
-            let c = ledger.workflow(&spec).await?;
-            let steps: Vec<Value> = c
-                .steps
-                .iter()
-                .map(|(name, e)| json!({ "step": name, "job_id": e.job.job_id, "state": e.job.state }))
-                .collect();
-            line(&json!({
-                "workflow_id": c.parent.job.job_id, "state": c.parent.job.state, "created": c.parent.created,
-                "position": c.parent.position, "steps": steps,
-            }));
+            line(&created_json(&ledger.workflow(&spec).await?));
             Ok(output::OK)
         }
         WorkflowCmd::Show { parent } => {
             let v = ledger.workflow_view(*parent).await?;
-            line(&json!({
-                "workflow_id": v.parent.job_id, "name": v.parent.kind, "state": v.parent.state,
-                "reason": v.parent.reason, "tally": v.parent.result,
-            }));
+            line(&view_head_json(&v));
             for s in &v.steps {
                 line(&serde_json::to_value(s)?);
             }
@@ -81,4 +69,26 @@ pub async fn shown(ledger: &Ledger, j: &Job) -> Result<Value> {
         None => {}
     }
     Ok(v)
+}
+
+/// A created (or found) workflow, as `workflow create` and `POST
+/// /v1/workflows` answer.
+pub fn created_json(c: &WorkflowCreated) -> Value {
+    let steps: Vec<Value> = c
+        .steps
+        .iter()
+        .map(|(name, e)| json!({ "step": name, "job_id": e.job.job_id, "state": e.job.state }))
+        .collect();
+    json!({
+        "workflow_id": c.parent.job.job_id, "state": c.parent.job.state, "created": c.parent.created,
+        "position": c.parent.position, "steps": steps,
+    })
+}
+
+/// The parent's line of `workflow show` (its steps follow).
+pub fn view_head_json(v: &WorkflowView) -> Value {
+    json!({
+        "workflow_id": v.parent.job_id, "name": v.parent.kind, "state": v.parent.state,
+        "reason": v.parent.reason, "tally": v.parent.result,
+    })
 }

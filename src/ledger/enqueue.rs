@@ -68,6 +68,32 @@ impl Ledger {
             .expect("one in, one out"))
     }
 
+    /// Enqueues a batch atomically, each job idempotent by its key; each
+    /// answer says whether its key already named a job. In a transaction:
+    /// a key that names a job with another payload is found after the
+    /// statement wrote the others, and then none of them may stay.
+    pub async fn enqueue_many_as(&self, news: Vec<NewJob>, actor: &str) -> LedgerResult<Vec<Enqueued>> {
+        self.limits.name("actor", actor)?;
+        let mut tries = 0;
+        loop {
+            let items = news.iter().cloned().map(|n| (n, None)).collect();
+            let mut tx = self.pool.begin().await?;
+            match self.enqueue_drafts_in(&mut tx, items, actor).await {
+                Ok(done) => {
+                    tx.commit().await?;
+                    return Ok(done);
+                }
+                // As in `enqueue_as`: nothing was written; draw again.
+                Err(LedgerError::Store(e))
+                    if e.sqlstate().as_deref() == Some(crate::store::EPOCH_BELOW_PURGED) && tries < 5 =>
+                {
+                    tries += 1;
+                }
+                other => return other,
+            }
+        }
+    }
+
     #[instrument(skip_all, fields(n = news.len()))]
     pub async fn enqueue_many_in(
         &self,
@@ -83,13 +109,14 @@ impl Ledger {
         &self,
         conn: &mut PgConnection,
         news: Vec<(NewJob, Uuid, WorkflowTie)>,
+        actor: &str,
     ) -> LedgerResult<Vec<Enqueued>> {
         self.enqueue_drafts_in(
             conn,
             news.into_iter()
                 .map(|(n, id, tie)| (n, Some((id, tie))))
                 .collect(),
-            "api",
+            actor,
         )
         .await
     }

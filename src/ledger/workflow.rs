@@ -52,10 +52,17 @@ impl Ledger {
     /// Creates a workflow in its own transaction (retried when a purge of a
     /// reused key raced the epoch draw, like `enqueue`).
     pub async fn workflow(&self, spec: &WorkflowSpec) -> LedgerResult<Created> {
+        self.workflow_as(spec, "api").await
+    }
+
+    /// `workflow`, with `actor` (an API token's name) recorded in every
+    /// `enqueued` event it writes.
+    pub async fn workflow_as(&self, spec: &WorkflowSpec, actor: &str) -> LedgerResult<Created> {
+        self.limits.name("actor", actor)?;
         let mut tries = 0;
         loop {
             let mut tx = self.pool.begin().await?;
-            match self.workflow_in(&mut tx, spec).await {
+            match self.workflow_in_as(&mut tx, spec, actor).await {
                 Ok(c) => {
                     tx.commit().await?;
                     return Ok(c);
@@ -70,6 +77,15 @@ impl Ledger {
     /// all of it exists exactly when the caller commits. On an error the
     /// caller must roll back (the parent may already be written).
     pub async fn workflow_in(&self, conn: &mut PgConnection, spec: &WorkflowSpec) -> LedgerResult<Created> {
+        self.workflow_in_as(conn, spec, "api").await
+    }
+
+    async fn workflow_in_as(
+        &self,
+        conn: &mut PgConnection,
+        spec: &WorkflowSpec,
+        actor: &str,
+    ) -> LedgerResult<Created> {
         let order = workflow::check(spec).map_err(|e| LedgerError::BadInput(e.to_string()))?;
         for s in &spec.steps {
             self.limits.name("step name", &s.name)?;
@@ -112,7 +128,7 @@ impl Ledger {
             }),
         };
         let parent = self
-            .enqueue_tied_in(conn, vec![(parent_job(spec), parent_id, parent_tie)])
+            .enqueue_tied_in(conn, vec![(parent_job(spec), parent_id, parent_tie)], actor)
             .await?
             .pop()
             .expect("one in, one out");
@@ -125,7 +141,7 @@ impl Ledger {
             .iter()
             .map(|&i| (step_job(spec, i), ids[i], ties[i].clone()))
             .collect();
-        let created = self.enqueue_tied_in(conn, news).await?;
+        let created = self.enqueue_tied_in(conn, news, actor).await?;
         let mut steps = Vec::with_capacity(created.len());
         for (&i, e) in order.iter().zip(created) {
             if !e.created {
@@ -263,13 +279,24 @@ impl Ledger {
     /// Waiting steps go first, so none is released meanwhile. Each step is
     /// its own transaction; a run cut short is finished by running it again.
     pub async fn cancel_workflow(&self, parent: Uuid, note: Option<&str>) -> LedgerResult<Vec<WriteResult>> {
+        self.cancel_workflow_as(parent, "api", note).await
+    }
+
+    /// `cancel_workflow`, recording `actor` (an operator's token) on the
+    /// parent's request and on every step's cancel.
+    pub async fn cancel_workflow_as(
+        &self,
+        parent: Uuid,
+        actor: &str,
+        note: Option<&str>,
+    ) -> LedgerResult<Vec<WriteResult>> {
         if let Some(n) = note {
             self.limits.text("reason", n)?;
         }
         let cmd = Command::CancelWorkflow {
             note: note.map(Into::into),
         };
-        let first = engine::run_transition(&self.pool, parent, "api", cmd).await?;
+        let first = engine::run_transition(&self.pool, parent, actor, cmd).await?;
         if !matches!(first.outcome, Outcome::Committed | Outcome::AlreadyCommitted) {
             return Ok(vec![first]);
         }
@@ -284,7 +311,7 @@ impl Ledger {
         open.sort_by_key(|j| j.state != JobState::Waiting);
         let mut out = vec![first];
         for j in open {
-            out.push(self.cancel(j.job_id, note).await?);
+            out.push(self.cancel_as(j.job_id, actor, note).await?);
         }
         Ok(out)
     }

@@ -47,34 +47,34 @@ pub async fn enqueue(State(app): State<App>, auth: Authed, raw: Body) -> ApiResu
     let caller = auth.may(Action::Enqueue)?;
     let actor = format!("token:{}", caller.name);
     let b: EnqueueBody = body(&raw)?;
-    if b.delay_ms.is_some() && b.run_at.is_some() {
-        return Err(ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "give delay_ms or run_at, not both",
-        ));
-    }
-    let e = app
-        .ledger
-        .enqueue_as(
-            NewJob {
-                queue: b.queue,
-                kind: b.kind,
-                job_key: b.key,
-                payload: b.payload,
-                priority: b.priority,
-                run_at: b.run_at,
-                delay_ms: b.delay_ms,
-                policy: None,
-            },
-            &actor,
-        )
-        .await?;
+    let e = app.ledger.enqueue_as(b.into_new()?, &actor).await?;
     let status = if e.created {
         StatusCode::CREATED
     } else {
         StatusCode::OK
     };
     Ok((status, Json(crate::cli::output::enqueued_json(&e))).into_response())
+}
+
+impl EnqueueBody {
+    pub(super) fn into_new(self) -> ApiResult<NewJob> {
+        if self.delay_ms.is_some() && self.run_at.is_some() {
+            return Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "give delay_ms or run_at, not both",
+            ));
+        }
+        Ok(NewJob {
+            queue: self.queue,
+            kind: self.kind,
+            job_key: self.key,
+            payload: self.payload,
+            priority: self.priority,
+            run_at: self.run_at,
+            delay_ms: self.delay_ms,
+            policy: None,
+        })
+    }
 }
 
 /// The job's current state (a workflow parent answers per step; a purged
@@ -109,7 +109,7 @@ pub async fn history(State(app): State<App>, auth: Authed, JobPath(id): JobPath)
 #[derive(Deserialize, Default, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ReasonBody {
-    reason: Option<String>,
+    pub(super) reason: Option<String>,
 }
 
 /// Cancels a job (before start: cancelled; running: cancel requested).

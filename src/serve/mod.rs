@@ -7,9 +7,11 @@
 //! a role without the right 403; unknown job 404. A stale or conflicting
 //! write is never a 5xx and never a 200.
 
+mod batches;
 mod jobs;
 mod openapi;
 mod search;
+mod status;
 mod work;
 
 use axum::extract::{DefaultBodyLimit, FromRequestParts};
@@ -67,12 +69,15 @@ type ApiResult<T> = Result<T, ApiError>;
 
 /// A write's answer: the status says the outcome, the body is the CLI's.
 fn written(r: &WriteResult) -> Response {
-    let status = match r.outcome {
+    (status_of(r.outcome), Json(crate::cli::output::write_json(r))).into_response()
+}
+
+fn status_of(o: Outcome) -> StatusCode {
+    match o {
         Outcome::Committed | Outcome::AlreadyCommitted => StatusCode::OK,
         Outcome::Stale | Outcome::Conflict => StatusCode::CONFLICT,
         Outcome::InvalidTransition => StatusCode::UNPROCESSABLE_ENTITY,
-    };
-    (status, Json(crate::cli::output::write_json(r))).into_response()
+    }
 }
 
 #[derive(Clone)]
@@ -178,6 +183,15 @@ fn api() -> (Router<App>, utoipa::openapi::OpenApi) {
         .routes(routes!(jobs::replay))
         .routes(routes!(jobs::resolve))
         .routes(routes!(jobs::annotate))
+        .routes(routes!(batches::enqueue_batch))
+        .routes(routes!(batches::create_workflow))
+        .routes(routes!(batches::show_workflow))
+        .routes(routes!(batches::cancel_workflow))
+        .routes(routes!(batches::replay_batch))
+        .routes(routes!(status::queues))
+        .routes(routes!(status::readers))
+        .routes(routes!(status::projections))
+        .routes(routes!(status::rebuild))
         .routes(routes!(work::claim))
         .routes(routes!(work::heartbeat))
         .routes(routes!(work::progress))

@@ -1,0 +1,109 @@
+//! What the system is doing: queues (from the `queue_stats` projection),
+//! the log readers' lag, and the projections (status and rebuild).
+
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::{json, Value};
+
+use super::{ApiError, ApiResult, App, Authed, ErrorBody};
+use jobledger::ledger::tokens::Action;
+use jobledger::ledger::LedgerError;
+use jobledger::reader::LogReader;
+
+/// The CLI's helpers answer `anyhow`: a bad input stays a 400, the rest is
+/// the server's own failure.
+fn internal(e: anyhow::Error) -> ApiError {
+    if let Some(b) = e.downcast_ref::<crate::cli::output::BadInput>() {
+        return ApiError::new(StatusCode::BAD_REQUEST, b.0.clone());
+    }
+    match e.downcast::<LedgerError>() {
+        Ok(l) => l.into(),
+        Err(e) => {
+            tracing::error!("request failed: {e:#}");
+            ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal error (logged)")
+        }
+    }
+}
+
+/// Per queue: jobs by state, takeovers and the oldest pending job, as the
+/// `queue_stats` projection has them, with how far behind the log it is.
+#[utoipa::path(get, path = "/v1/queues", tag = "status",
+    responses((status = 200, body = serde_json::Value), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody)),
+    security(("bearer" = [])))]
+pub async fn queues(State(app): State<App>, auth: Authed) -> ApiResult<Json<Value>> {
+    auth.may(Action::Read)?;
+    let reader = LogReader::source(app.ledger.pool().clone());
+    let status = crate::cli::projections::status_json(&app.ledger, &reader, true)
+        .await
+        .map_err(internal)?;
+    let freshness = status
+        .into_iter()
+        .find(|v| v["projection"] == "queue_stats")
+        .unwrap_or(Value::Null);
+    // Before the projections service first ran there is no view to read.
+    let rows = if freshness.is_null() {
+        vec![]
+    } else {
+        app.ledger.projection_rows("queue_stats", None).await?
+    };
+    Ok(Json(json!({ "queues": rows, "projection": freshness })))
+}
+
+/// Every named log reader (relay, consumers): checkpoint, lag in events
+/// and seconds, and which transaction holds the log horizon back.
+#[utoipa::path(get, path = "/v1/readers", tag = "status",
+    responses((status = 200, body = serde_json::Value), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody)),
+    security(("bearer" = [])))]
+pub async fn readers(State(app): State<App>, auth: Authed) -> ApiResult<Json<Value>> {
+    auth.may(Action::Read)?;
+    let readers = crate::cli::reads::readers_json(&app.ledger)
+        .await
+        .map_err(internal)?;
+    Ok(Json(json!({ "readers": readers })))
+}
+
+/// Each projection: version, serving table, checkpoint, lag, and a rebuild
+/// in progress with what it has left.
+#[utoipa::path(get, path = "/v1/projections", tag = "status",
+    responses((status = 200, body = serde_json::Value), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody)),
+    security(("bearer" = [])))]
+pub async fn projections(State(app): State<App>, auth: Authed) -> ApiResult<Json<Value>> {
+    auth.may(Action::Read)?;
+    let reader = LogReader::source(app.ledger.pool().clone());
+    let status = crate::cli::projections::status_json(&app.ledger, &reader, true)
+        .await
+        .map_err(internal)?;
+    Ok(Json(json!({ "projections": status })))
+}
+
+/// Starts rebuilding a projection from position 0 into a fresh table while
+/// the serving one keeps serving; the projections service (`jobledger
+/// projections run`) carries it on and switches when it has caught up.
+/// Follow it on `GET /v1/projections`.
+#[utoipa::path(post, path = "/v1/projections/{name}/rebuild", tag = "status",
+    params(("name" = String, Path, description = "job_timeline, queue_stats, jobs_rebuilt or workflows")),
+    responses((status = 202, body = serde_json::Value), (status = 400, body = ErrorBody),
+        (status = 401, body = ErrorBody), (status = 403, body = ErrorBody)),
+    security(("bearer" = [])))]
+pub async fn rebuild(State(app): State<App>, auth: Authed, Path(name): Path<String>) -> ApiResult<Response> {
+    auth.may(Action::Administer)?;
+    // The projections' boxed futures are not provably `Send` for every
+    // lifetime (rustc's higher-ranked auto-trait limitation), which an axum
+    // handler must be: start the rebuild on a blocking thread instead. It
+    // is one short transaction.
+    let ledger = app.ledger.clone();
+    let n = name.clone();
+    let rt = tokio::runtime::Handle::current();
+    let table =
+        tokio::task::spawn_blocking(move || rt.block_on(crate::cli::projections::start_rebuild(&ledger, &n)))
+            .await
+            .map_err(|e| internal(e.into()))?
+            .map_err(internal)?;
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(json!({ "projection": name, "rebuild_table": table })),
+    )
+        .into_response())
+}
