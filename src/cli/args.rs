@@ -274,6 +274,10 @@ pub enum Cmd {
         job: Uuid,
         #[arg(long)]
         json: bool,
+        /// The story in plain words, with each event's delivery state (as
+        /// the console's job page tells it).
+        #[arg(long, conflicts_with = "json")]
+        story: bool,
     },
     /// The HTTP API (`/v1`, bearer tokens; docs/http.md) until SIGTERM.
     Serve {

@@ -17,8 +17,22 @@ async fn basic(ledger: &Ledger, cli: &Cli) -> Result<i32> {
             }
             Ok(output::OK)
         }
-        Cmd::History { job, json } => {
-            if *json {
+        Cmd::History { job, json, story } => {
+            if *story {
+                for l in jobledger::ledger::timeline::story(ledger, *job).await? {
+                    let at = jobledger::domain::digest::fmt_time(l.at);
+                    let step = l.step.map(|s| format!("[{s}] ")).unwrap_or_default();
+                    let sent = match l.delivery {
+                        Some(jobledger::ledger::timeline::Delivery::Sending) => "  (committed, sending)",
+                        Some(jobledger::ledger::timeline::Delivery::Published) => "  (published)",
+                        _ => "",
+                    };
+                    println!("{at}  {step}{}{sent}", l.words);
+                    for c in l.corrections {
+                        println!("{:27}  ↳ corrected: {c}", "");
+                    }
+                }
+            } else if *json {
                 for v in jobledger::ledger::timeline::json_lines(ledger, *job).await? {
                     line(&v);
                 }

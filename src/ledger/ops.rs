@@ -375,4 +375,24 @@ impl Ledger {
     pub async fn projection_rows(&self, view: &str, job: Option<Uuid>) -> LedgerResult<Vec<Value>> {
         Ok(events::projection_rows(&self.pool, view, job).await?)
     }
+
+    /// The overview's figures: events per minute by type over the last
+    /// `minutes`, refused writes by outcome over the same time, dead jobs by
+    /// reason code.
+    pub async fn overview(&self, minutes: i32) -> LedgerResult<Overview> {
+        use crate::store::overview as o;
+        Ok(Overview {
+            per_minute: o::events_per_minute(&self.pool, minutes).await?,
+            refused: o::refusals_since(&self.pool, minutes).await?,
+            dead_by_reason: o::dead_by_reason(&self.pool).await?,
+        })
+    }
+}
+
+/// What the console's overview shows besides the projections.
+#[derive(Debug, Clone)]
+pub struct Overview {
+    pub per_minute: Vec<(DateTime<Utc>, String, i64)>,
+    pub refused: Vec<(String, i64)>,
+    pub dead_by_reason: Vec<(String, i64)>,
 }

@@ -204,3 +204,118 @@ pub async fn json_lines(ledger: &Ledger, job: Uuid) -> Result<Vec<Value>> {
         })
         .collect()
 }
+
+/// Where an event is on its way downstream (003: the seconds between commit
+/// and delivery must not look like a failure).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Delivery {
+    /// No relay has run on this ledger.
+    NoRelay,
+    /// Committed; not every relay's checkpoint has passed it yet.
+    Sending,
+    /// Every relay's checkpoint has passed it.
+    Published,
+}
+
+/// One line of a job's story: the sentence, and what it was made from.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct StoryLine {
+    /// The log position (absent for a refused write, which is not an event).
+    pub position: Option<i64>,
+    pub at: chrono::DateTime<chrono::Utc>,
+    /// The workflow step the line belongs to (on a parent's page).
+    pub step: Option<String>,
+    pub words: String,
+    pub refused: bool,
+    /// The event or refusal as stored: token, attempt, actor, hash, data.
+    pub raw: Value,
+    pub delivery: Option<Delivery>,
+    /// Later corrections of this event (annotations), in words.
+    pub corrections: Vec<String>,
+}
+
+/// The job's story in plain words, with each event's delivery state.
+pub async fn story(ledger: &Ledger, job: Uuid) -> Result<Vec<StoryLine>> {
+    let items = items(ledger, job).await?;
+    let positions: Vec<i64> = items
+        .iter()
+        .filter_map(|i| match i {
+            Item::Event(h, _) => Some(h.position),
+            Item::Refused(..) => None,
+        })
+        .collect();
+    let delivered = delivery(ledger, &positions).await?;
+    let mut corrections: std::collections::HashMap<i64, Vec<String>> = Default::default();
+    for i in &items {
+        if let Item::Event(h, _) = i {
+            if let EventBody::Annotated {
+                corrects_position, ..
+            } = &h.event.body
+            {
+                let words = format!(
+                    "{} (at position {})",
+                    super::narrative::sentence(&h.event),
+                    h.position
+                );
+                corrections.entry(*corrects_position).or_default().push(words);
+            }
+        }
+    }
+    let to_raw =
+        |v: std::result::Result<Value, serde_json::Error>| v.map_err(|e| StoreError::Corrupt(e.to_string()));
+    items
+        .iter()
+        .map(|i| {
+            Ok(match i {
+                Item::Event(h, step) => StoryLine {
+                    position: Some(h.position),
+                    at: h.event.recorded_at,
+                    step: step.clone(),
+                    words: super::narrative::sentence(&h.event),
+                    refused: false,
+                    raw: to_raw(serde_json::to_value(h))?,
+                    delivery: delivered.get(&h.position).cloned(),
+                    corrections: corrections.get(&h.position).cloned().unwrap_or_default(),
+                },
+                Item::Refused(r, step) => StoryLine {
+                    position: None,
+                    at: r.recorded_at,
+                    step: step.clone(),
+                    words: super::narrative::refused(r),
+                    refused: true,
+                    raw: to_raw(serde_json::to_value(r))?,
+                    delivery: None,
+                    corrections: vec![],
+                },
+            })
+        })
+        .collect()
+}
+
+/// Each event's delivery state: published once every relay's checkpoint
+/// (txid, position) has passed it, in the relay's own order.
+async fn delivery(ledger: &Ledger, positions: &[i64]) -> Result<std::collections::HashMap<i64, Delivery>> {
+    let mut relays = vec![];
+    for name in ledger.reader_names().await? {
+        if name.starts_with("relay:") {
+            if let Some(cp) = crate::store::readers::reader_checkpoint(ledger.pool(), &name).await? {
+                relays.push(cp);
+            }
+        }
+    }
+    let txids = crate::store::events::txids_at(ledger.pool(), positions).await?;
+    Ok(txids
+        .into_iter()
+        .map(|(position, txid)| {
+            let d = if relays.is_empty() {
+                Delivery::NoRelay
+            } else if relays.iter().all(|&cp| (txid, position) <= cp) {
+                Delivery::Published
+            } else {
+                Delivery::Sending
+            };
+            (position, d)
+        })
+        .collect())
+}

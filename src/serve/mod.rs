@@ -8,6 +8,7 @@
 //! write is never a 5xx and never a 200.
 
 mod batches;
+mod console;
 mod jobs;
 mod openapi;
 mod search;
@@ -219,6 +220,7 @@ fn router(app: App) -> Router {
             "/v1/openapi.json",
             get(move || async move { Json(doc.as_ref().clone()) }),
         )
+        .merge(console::router())
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "no such route") })
         .method_not_allowed_fallback(|| async {
             ApiError::new(

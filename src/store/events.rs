@@ -165,6 +165,17 @@ pub async fn txid_of_position<'e>(exec: impl PgExecutor<'e>, position: i64) -> S
     )
 }
 
+/// `(position, txid)` of the events at `positions` (a job page's delivery
+/// state compares them with the relays' checkpoints).
+pub async fn txids_at<'e>(exec: impl PgExecutor<'e>, positions: &[i64]) -> StoreResult<Vec<(i64, i64)>> {
+    Ok(
+        sqlx::query_as("SELECT position, txid::text::bigint FROM jobledger.events WHERE position = ANY($1)")
+            .bind(positions)
+            .fetch_all(exec)
+            .await?,
+    )
+}
+
 /// Rows of a projection's view as JSON (optionally one job's), for `projections query`.
 pub async fn projection_rows<'e>(
     exec: impl PgExecutor<'e>,

@@ -9,6 +9,7 @@ pub mod columns;
 pub mod events;
 pub mod jobs;
 pub mod locks;
+pub mod overview;
 pub mod policies;
 pub mod readers;
 pub mod rejections;
