@@ -246,6 +246,17 @@ pub async fn serve(
     }
     let listener = tokio::net::TcpListener::bind(listen).await?;
     crate::cli::output::line(&json!({ "listening": listener.local_addr()?.to_string() }));
+    serve_on(listener, ledger, max_body, stop, drain).await
+}
+
+/// `serve` on a listener the caller bound (the bench binds its own port).
+pub async fn serve_on(
+    listener: tokio::net::TcpListener,
+    ledger: Ledger,
+    max_body: usize,
+    stop: CancellationToken,
+    drain: Duration,
+) -> anyhow::Result<()> {
     let app = router(App { ledger, max_body });
     let graceful = {
         let stop = stop.clone();

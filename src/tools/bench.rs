@@ -88,6 +88,9 @@ pub async fn run(args: BenchArgs) -> Result<i32> {
         if wants("workflows") {
             crate::tools::bench_workflows::workflows(&ledger, 1000).await?;
         }
+        if wants("serve") {
+            crate::tools::bench_serve::serve(&ledger, args.history_events, 10_000).await?;
+        }
         if wants("w3-history") {
             history(&ledger, args.history_events).await?;
             w3(&ledger, "w3-history", args.w3_jobs, args.prefetch).await?;
@@ -274,7 +277,7 @@ async fn latency(ledger: &Ledger, samples: usize) -> Result<()> {
 
 /// Builds a history of about `events` events by running real jobs
 /// (3 events each: enqueued, claimed, succeeded).
-async fn history(ledger: &Ledger, events: usize) -> Result<()> {
+pub(crate) async fn history(ledger: &Ledger, events: usize) -> Result<()> {
     let have = ledger.count_events_total().await? as usize;
     let jobs = events.saturating_sub(have) / 3;
     let started = Instant::now();
