@@ -93,6 +93,7 @@ impl Lease {
 
     #[instrument(skip(self), fields(job_id = %self.job_id, token = self.fence.token))]
     pub async fn heartbeat(&self, lease: Duration) -> LedgerResult<WriteResult> {
+        self.ledger.limits.lease(lease)?;
         self.write(Command::Heartbeat {
             fence: self.fence,
             lease_ms: millis(lease),
@@ -103,6 +104,9 @@ impl Lease {
     #[instrument(skip(self), fields(job_id = %self.job_id, token = self.fence.token))]
     pub async fn progress(&self, step: &str, lease: Option<Duration>) -> LedgerResult<WriteResult> {
         self.ledger.limits.name("step", step)?;
+        if let Some(l) = lease {
+            self.ledger.limits.lease(l)?;
+        }
         self.write(Command::Progress {
             fence: self.fence,
             step: step.into(),
@@ -192,6 +196,7 @@ impl Lease {
 
     #[instrument(skip(self), fields(job_id = %self.job_id, token = self.fence.token))]
     pub async fn snooze(&self, delay: Duration) -> LedgerResult<WriteResult> {
+        self.ledger.limits.delay(delay)?;
         self.write(Command::Snooze {
             fence: self.fence,
             delay_ms: millis(delay),
@@ -219,6 +224,7 @@ impl Lease {
                 ledger.limits.json("result", r)?;
             }
         }
+        once_each(items.iter().map(|(l, _)| l.job_id))?;
         let cmds = items
             .into_iter()
             .map(|(l, result)| {
@@ -241,6 +247,8 @@ impl Lease {
         leases: &[&Lease],
         lease: Duration,
     ) -> LedgerResult<Vec<WriteResult>> {
+        ledger.limits.lease(lease)?;
+        once_each(leases.iter().map(|l| l.job_id))?;
         let cmds = leases
             .iter()
             .map(|l| {
@@ -256,4 +264,19 @@ impl Lease {
             .collect();
         transition_many(&ledger.pool, cmds).await
     }
+}
+
+/// A batch names each job once: two writes of one job in one transaction
+/// would be decided on the same locked row, and the second answered as if
+/// the job did not exist.
+fn once_each(ids: impl Iterator<Item = Uuid>) -> LedgerResult<()> {
+    let mut seen = std::collections::HashSet::new();
+    for id in ids {
+        if !seen.insert(id) {
+            return Err(super::error::LedgerError::BadInput(format!(
+                "job {id} appears twice in the batch"
+            )));
+        }
+    }
+    Ok(())
 }

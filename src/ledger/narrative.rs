@@ -24,15 +24,12 @@ pub fn sentence(e: &Event) -> String {
     if e.to_state.is_terminal() && e.from_state != Some(e.to_state) {
         s.push_str(&format!(" → {}", e.to_state));
     }
-    s
+    super::validate::one_line(&s)
 }
 
 fn body_words(e: &Event) -> String {
     let who = &e.actor;
     match &e.body {
-        EventBody::Enqueued { run_at, .. } if e.reason == Reason::ReplayedByOperator => {
-            format!("queued again, due {}", at(run_at))
-        }
         EventBody::Enqueued { queue, kind, .. } => {
             let waits = if e.to_state == JobState::Waiting {
                 ", waiting for its prerequisites"
@@ -116,12 +113,13 @@ fn failed_words(e: &Event, code: &str, message: &Option<String>, run_at: &Option
 
 /// A write the fence refused, in words.
 pub fn refused(r: &RejectionRow) -> String {
-    format!(
+    let s = format!(
         "refused: {} by {} with token {} was {} ({})",
         r.command,
         r.actor,
         r.token.map_or("-".into(), |t| t.to_string()),
         r.outcome,
         r.detail
-    )
+    );
+    super::validate::one_line(&s)
 }

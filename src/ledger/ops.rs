@@ -43,6 +43,8 @@ impl Ledger {
         limit: i64,
     ) -> LedgerResult<Vec<Lease>> {
         self.limits.name("worker id", holder)?;
+        self.limits.name("queue", queue)?;
+        self.limits.lease(lease)?;
         if limit < 1 {
             return Ok(vec![]);
         }
@@ -80,6 +82,7 @@ impl Ledger {
         lease: Duration,
     ) -> LedgerResult<(WriteResult, Option<Lease>)> {
         self.limits.name("worker id", holder)?;
+        self.limits.lease(lease)?;
         let cmd = Command::Claim {
             holder: holder.to_string(),
             lease_ms: millis(lease),
@@ -123,10 +126,22 @@ impl Ledger {
         receipt_id: &str,
         status: ReceiptStatus,
     ) -> LedgerResult<WriteResult> {
+        self.receipt_as(job_id, "api", receipt_id, status).await
+    }
+
+    /// `receipt`, recording `actor` (an API token) as who delivered it.
+    pub async fn receipt_as(
+        &self,
+        job_id: Uuid,
+        actor: &str,
+        receipt_id: &str,
+        status: ReceiptStatus,
+    ) -> LedgerResult<WriteResult> {
         self.limits.name("receipt id", receipt_id)?;
+        self.limits.name("actor", actor)?;
         self.transition(
             job_id,
-            "api",
+            actor,
             Command::Receipt {
                 receipt_id: receipt_id.into(),
                 status,
@@ -165,6 +180,9 @@ impl Ledger {
         operator: &str,
         note: &str,
     ) -> LedgerResult<Vec<WriteResult>> {
+        // Checked once up front: with no job in the range, nothing else would.
+        super::validate::typed("operator", operator)?;
+        super::validate::typed("reason", note)?;
         if crate::domain::Reason::parse(reason_code).is_none() {
             return Err(LedgerError::BadInput(format!(
                 "unknown reason code {reason_code:?}"

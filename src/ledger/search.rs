@@ -96,6 +96,11 @@ impl Ledger {
         if !(1..=MAX_PAGE).contains(&limit) {
             return Err(bad(format!("limit is 1 to {MAX_PAGE}")));
         }
+        for (what, v) in [("queue", &s.queue), ("kind", &s.kind), ("key", &s.key)] {
+            if let Some(v) = v {
+                self.limits.name(what, v)?;
+            }
+        }
         let f = s.filter()?;
         let after = s.cursor.as_deref().map(parse_cursor).transpose()?;
         let rows = match (&s.key, &s.queue) {

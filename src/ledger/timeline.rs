@@ -7,6 +7,7 @@ use serde_json::{json, Value};
 use uuid::Uuid;
 
 use super::error::LedgerResult;
+use super::validate::one_line;
 use super::{HistoryEntry, Ledger};
 use crate::domain::digest::fmt_time;
 use crate::domain::EventBody;
@@ -174,10 +175,16 @@ pub async fn lines(ledger: &Ledger, job: Uuid) -> Result<Vec<String>> {
     for i in &items {
         match i {
             Item::Event(h, step) => {
-                out.push(format!("{}{}", label(step), event_line(h)));
-                out.extend(corrections.remove(&h.position).unwrap_or_default());
+                out.push(one_line(&format!("{}{}", label(step), event_line(h))));
+                out.extend(
+                    corrections
+                        .remove(&h.position)
+                        .unwrap_or_default()
+                        .iter()
+                        .map(|l| one_line(l)),
+                );
             }
-            Item::Refused(r, step) => out.push(format!("{}{}", label(step), refused_line(r))),
+            Item::Refused(r, step) => out.push(one_line(&format!("{}{}", label(step), refused_line(r)))),
         }
     }
     Ok(out)

@@ -80,6 +80,11 @@ impl Ledger {
     pub async fn create_token(&self, name: &str, role: Role) -> LedgerResult<String> {
         self.limits.name("token name", name)?;
         super::validate::typed("token name", name)?;
+        // Actors read `operator:NAME`, `token:NAME` and `NAME/WORKER`: a
+        // name with ':' or '/' could pass for another token's.
+        if name.contains([':', '/']) {
+            return Err(LedgerError::BadInput("a token name has no ':' or '/'".into()));
+        }
         // The name becomes an actor (`operator:NAME`), which has the names'
         // limit: leave room for the prefix.
         if name.len() > 200 {

@@ -58,6 +58,34 @@ impl Limits {
                 "{what} contains a U+0000 character"
             )));
         }
+        // A newline in a queue, kind, worker id or code would forge a line
+        // of `history` (and of every line-based log that prints it).
+        if value.chars().any(char::is_control) {
+            return Err(LedgerError::BadInput(format!(
+                "{what} contains a control character"
+            )));
+        }
+        Ok(())
+    }
+
+    /// A lease's length: at least 1 ms, at most a day (a longer job
+    /// heartbeats; a lease of years would hold a job forever).
+    pub fn lease(&self, d: std::time::Duration) -> LedgerResult<()> {
+        if d.is_zero() || d > MAX_LEASE {
+            return Err(LedgerError::BadInput(format!(
+                "a lease lasts 1 ms to {} s, not {} ms",
+                MAX_LEASE.as_secs(),
+                d.as_millis()
+            )));
+        }
+        Ok(())
+    }
+
+    /// A snooze's delay: at most 100 years, like an enqueue's.
+    pub fn delay(&self, d: std::time::Duration) -> LedgerResult<()> {
+        if d > MAX_DELAY {
+            return Err(LedgerError::BadInput("a delay is at most 100 years".into()));
+        }
         Ok(())
     }
 
@@ -69,6 +97,26 @@ impl Limits {
         }
         Ok(())
     }
+}
+
+const MAX_LEASE: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
+const MAX_DELAY: std::time::Duration = std::time::Duration::from_secs(100 * 366 * 24 * 3600);
+
+/// `s` on one line: control characters (a newline in an old event's free
+/// text) shown escaped, so no stored text can forge a line of a timeline.
+pub fn one_line(s: &str) -> String {
+    if !s.chars().any(char::is_control) {
+        return s.to_string();
+    }
+    s.chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_default().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
 }
 
 fn has_nul(value: &Value) -> bool {

@@ -87,6 +87,8 @@ impl Ledger {
         actor: &str,
     ) -> LedgerResult<Created> {
         let order = workflow::check(spec).map_err(|e| LedgerError::BadInput(e.to_string()))?;
+        // The parent like any job (queue, name, key), before any query uses them.
+        self.check_new(&parent_job(spec))?;
         for s in &spec.steps {
             self.limits.name("step name", &s.name)?;
         }
@@ -291,7 +293,10 @@ impl Ledger {
         note: Option<&str>,
     ) -> LedgerResult<Vec<WriteResult>> {
         if let Some(n) = note {
+            // The steps' cancels check their note with `typed`: check it the
+            // same way before the parent's request is written.
             self.limits.text("reason", n)?;
+            super::validate::typed("reason", n)?;
         }
         let cmd = Command::CancelWorkflow {
             note: note.map(Into::into),

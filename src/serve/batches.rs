@@ -101,7 +101,7 @@ pub async fn show_workflow(
 /// step gets the usual cancel semantics. One answer per write.
 #[utoipa::path(post, path = "/v1/workflows/{id}/cancel", tag = "workflows",
     params(("id" = Uuid, Path, description = "The workflow's parent job")),
-    request_body(content = ReasonBody, description = "optional"),
+    request_body(content = Option<ReasonBody>, description = "optional: an empty body is no reason"),
     responses((status = 200, body = serde_json::Value), (status = 409, body = serde_json::Value),
         (status = 422, body = serde_json::Value), (status = 400, body = ErrorBody),
         (status = 401, body = ErrorBody), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody)),
@@ -145,7 +145,7 @@ pub struct BatchReplay {
 /// `[since, until)`, job by job. 200 with one answer per job.
 #[utoipa::path(post, path = "/v1/replays", tag = "operator", request_body = BatchReplay,
     responses((status = 200, body = super::work::BatchAnswers), (status = 400, body = ErrorBody),
-        (status = 401, body = ErrorBody), (status = 403, body = ErrorBody)),
+        (status = 401, body = ErrorBody), (status = 403, body = ErrorBody), (status = 413, body = ErrorBody)),
     security(("bearer" = [])))]
 pub async fn replay_batch(State(app): State<App>, auth: Authed, raw: Body) -> ApiResult<Json<Value>> {
     let caller = auth.may(Action::Operate)?;

@@ -28,9 +28,9 @@ pub struct EnqueueBody {
     kind: String,
     key: Option<String>,
     #[serde(default)]
-    #[schema(value_type = Object)]
     payload: Value,
     #[serde(default)]
+    #[schema(minimum = -32768, maximum = 32767)]
     priority: i16,
     delay_ms: Option<i64>,
     run_at: Option<chrono::DateTime<chrono::Utc>>,
@@ -114,7 +114,7 @@ pub struct ReasonBody {
 
 /// Cancels a job (before start: cancelled; running: cancel requested).
 #[utoipa::path(post, path = "/v1/jobs/{id}/cancel", tag = "operator", params(("id" = Uuid, Path, description = "The job")),
-    request_body(content = ReasonBody, description = "optional"),
+    request_body(content = Option<ReasonBody>, description = "optional: an empty body is no reason"),
     responses((status = 200, description = "committed or already_committed", body = WriteAnswer),
         (status = 409, description = "stale or conflict", body = WriteAnswer),
         (status = 422, description = "invalid_transition", body = WriteAnswer),
@@ -166,7 +166,6 @@ pub struct ResolveBody {
     verdict: String,
     reason: String,
     /// What the operator checked, as JSON (kept with its digest).
-    #[schema(value_type = Object)]
     evidence: Value,
     version: i64,
 }

@@ -57,6 +57,11 @@ impl From<LedgerError> for ApiError {
             LedgerError::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             LedgerError::KeyConflict { .. } => StatusCode::CONFLICT,
             LedgerError::NotFound(_) => StatusCode::NOT_FOUND,
+            // Text PostgreSQL cannot store (U+0000) that slipped past the
+            // checks: the client's input, so a 400, never a 500.
+            LedgerError::Store(s) if s.sqlstate().as_deref() == Some("22021") => {
+                return ApiError::new(StatusCode::BAD_REQUEST, "the request holds a U+0000 character");
+            }
             _ => {
                 tracing::error!("request failed: {e}");
                 return ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal error (logged)");

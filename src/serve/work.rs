@@ -84,7 +84,7 @@ pub struct Claimed {
     params(("queue" = String, Path, description = "The queue to claim from")),
     request_body = ClaimBody,
     responses((status = 200, body = Claimed), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
-        (status = 403, body = ErrorBody)),
+        (status = 403, body = ErrorBody), (status = 413, body = ErrorBody)),
     security(("bearer" = [])))]
 pub async fn claim(
     State(app): State<App>,
@@ -92,6 +92,7 @@ pub async fn claim(
     Path(queue): Path<String>,
     raw: Body,
 ) -> ApiResult<Json<Claimed>> {
+    auth.may(Action::Work)?; // the role before the body: 403, not 400
     let b: ClaimBody = body(&raw)?;
     batch_size(b.limit)?;
     let holder = holder(&app, &auth, &b.worker)?;
@@ -119,7 +120,6 @@ pub struct Fenced {
     /// progress: the step reached.
     step: Option<String>,
     /// complete: the job's result.
-    #[schema(value_type = Option<Object>)]
     result: Option<Value>,
     /// fail: retries are decided on the class, never on the text.
     class: Option<ErrorClass>,
@@ -168,6 +168,7 @@ lease_write! {
 }
 
 async fn fenced_write(app: &App, auth: &Authed, id: Uuid, raw: &Body, write: &str) -> ApiResult<Response> {
+    auth.may(Action::Work)?;
     let f: Fenced = body(raw)?;
     let l = lease(app, auth, id, &f)?;
     let ms = Duration::from_millis;
@@ -203,7 +204,6 @@ pub struct BatchItem {
     epoch: i64,
     token: i64,
     /// complete: the job's result.
-    #[schema(value_type = Option<Object>)]
     result: Option<Value>,
 }
 
@@ -272,6 +272,7 @@ pub async fn heartbeat_batch(
 }
 
 fn batch_leases(app: &App, auth: &Authed, raw: &Body) -> ApiResult<(BatchBody, Vec<Lease>)> {
+    auth.may(Action::Work)?;
     let b: BatchBody = body(raw)?;
     batch_size(b.items.len())?;
     let holder = holder(app, auth, &b.worker)?;
@@ -288,7 +289,6 @@ fn batch_leases(app: &App, auth: &Authed, raw: &Body) -> ApiResult<(BatchBody, V
 pub struct ObserveBody {
     /// Observations are kept once per key.
     key: String,
-    #[schema(value_type = Object)]
     data: Value,
     worker: String,
     /// The fence of the lease that saw it, if any: evidence from a
@@ -311,6 +311,7 @@ pub async fn observe(
     JobPath(id): JobPath,
     raw: Body,
 ) -> ApiResult<Response> {
+    auth.may(Action::Work)?;
     let b: ObserveBody = body(&raw)?;
     let actor = holder(&app, &auth, &b.worker)?;
     let fence = match (b.epoch, b.token) {
@@ -349,7 +350,10 @@ pub async fn receipt(
     JobPath(id): JobPath,
     raw: Body,
 ) -> ApiResult<Response> {
-    auth.may(Action::Work)?;
+    let caller = auth.may(Action::Work)?;
+    let actor = format!("token:{}", caller.name);
     let b: ReceiptBody = body(&raw)?;
-    Ok(written(&app.ledger.receipt(id, &b.receipt_id, b.status).await?))
+    Ok(written(
+        &app.ledger.receipt_as(id, &actor, &b.receipt_id, b.status).await?,
+    ))
 }

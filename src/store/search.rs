@@ -1,11 +1,11 @@
 //! Job search, newest first (by enqueue time, then id), cursor-paginated.
 //!
-//! Answered from the indexes of migration 20261202000004 without a
-//! sequential scan or a sort of the whole match: one `LATERAL` descent per
-//! state in (queue, state, created_at, job_id) or (state, created_at,
-//! job_id), each stopping after `limit` rows, merged. `kind` and `reason`
-//! filter those descents. A key names at most one job per queue and is
-//! looked up by the unique index instead.
+//! Answered from indexes without a sequential scan or a sort of the whole
+//! match: one `LATERAL` descent per state in an index led by (filter,
+//! state, created_at, job_id) for queue, kind or reason (or (state,
+//! created_at, job_id) without one), each stopping after `limit` rows,
+//! merged; other filters are checked on those rows. A key names at most one
+//! job per queue and is looked up by the unique index instead.
 
 use chrono::{DateTime, Utc};
 use sqlx::PgExecutor;
@@ -31,13 +31,23 @@ pub struct JobFilter {
 /// Strictly older than this (created_at, job_id): the previous page's last.
 pub type After = (DateTime<Utc>, Uuid);
 
-fn search_sql(by_queue: bool) -> String {
-    // $7 is referenced in both forms so the parameters keep their numbers.
-    let queue = if by_queue {
-        "AND queue = $7"
-    } else {
-        "AND $7::text IS NOT NULL"
-    };
+/// The statement for the filters present: only their predicates appear
+/// (each filter set is its own prepared statement, planned for what it
+/// asks), and every equality filter has an index led by it and the state:
+/// queue, kind and reason (migrations 20261202000004 and ...06).
+fn search_sql(f: &JobFilter) -> String {
+    let mut n = 5; // $1 states, $2 since, $3 until, $4/$5 the cursor, $6 limit
+    let mut preds = String::new();
+    for (col, present) in [
+        ("queue", f.queue.is_some()),
+        ("kind", f.kind.is_some()),
+        ("reason", f.reason.is_some()),
+    ] {
+        if present {
+            n += 1;
+            preds.push_str(&format!(" AND {col} = ${}", n + 1));
+        }
+    }
     let cols = JOB_COLUMNS
         .split(", ")
         .map(|c| format!("j.{c}"))
@@ -46,13 +56,29 @@ fn search_sql(by_queue: bool) -> String {
     format!(
         "SELECT {cols} FROM unnest($1::text[]) AS s(state) CROSS JOIN LATERAL ( \
            SELECT {JOB_COLUMNS} FROM jobledger.jobs \
-           WHERE state = s.state {queue} \
+           WHERE state = s.state{preds} \
              AND created_at >= coalesce($2, '-infinity') AND created_at < coalesce($3, 'infinity') \
              AND (created_at, job_id) < ($4, $5) \
-             AND ($8::text IS NULL OR kind = $8) AND ($9::text IS NULL OR reason = $9) \
            ORDER BY created_at DESC, job_id DESC LIMIT $6) AS j \
          ORDER BY j.created_at DESC, j.job_id DESC LIMIT $6"
     )
+}
+
+type Q<'q> = sqlx::query::QueryAs<'q, sqlx::Postgres, JobRow, sqlx::postgres::PgArguments>;
+
+fn bind_all<'q>(q: Q<'q>, f: &'q JobFilter, after: Option<After>, limit: i64) -> Q<'q> {
+    let (at, id) = after.unwrap_or((DateTime::<Utc>::MAX_UTC, Uuid::max()));
+    let mut q = q
+        .bind(&f.states)
+        .bind(f.since)
+        .bind(f.until)
+        .bind(at)
+        .bind(id)
+        .bind(limit);
+    for v in [&f.queue, &f.kind, &f.reason].into_iter().flatten() {
+        q = q.bind(v);
+    }
+    q
 }
 
 /// One page of jobs matching `f`, newest first, strictly after `after`.
@@ -62,34 +88,29 @@ pub async fn search_jobs<'e>(
     after: Option<After>,
     limit: i64,
 ) -> StoreResult<Vec<JobRow>> {
-    let sql = search_sql(f.queue.is_some());
-    let (at, id) = after.unwrap_or((DateTime::<Utc>::MAX_UTC, Uuid::max()));
-    let mut q = sqlx::query_as(&sql)
-        .bind(&f.states)
-        .bind(f.since)
-        .bind(f.until)
-        .bind(at)
-        .bind(id)
-        .bind(limit);
-    q = q.bind(f.queue.as_deref().unwrap_or(""));
-    Ok(q.bind(&f.kind).bind(&f.reason).fetch_all(exec).await?)
+    let sql = search_sql(f);
+    Ok(bind_all(sqlx::query_as(&sql), f, after, limit)
+        .fetch_all(exec)
+        .await?)
 }
 
 /// The plan PostgreSQL picks for a search (what the tests and the bench
-/// check for sequential scans).
+/// check for sequential scans and for the index used).
 pub async fn explain_search<'e>(exec: impl PgExecutor<'e>, f: &JobFilter) -> StoreResult<String> {
-    let sql = format!("EXPLAIN {}", search_sql(f.queue.is_some()));
-    let rows: Vec<(String,)> = sqlx::query_as(&sql)
-        .bind(&f.states)
-        .bind(f.since)
-        .bind(f.until)
-        .bind(DateTime::<Utc>::MAX_UTC)
-        .bind(Uuid::max())
-        .bind(50_i64)
-        .bind(f.queue.as_deref().unwrap_or(""))
-        .bind(&f.kind)
-        .bind(&f.reason)
-        .fetch_all(exec)
-        .await?;
+    let sql = format!("EXPLAIN {}", search_sql(f));
+    let rows: Vec<(String,)> = {
+        let (at, id) = (DateTime::<Utc>::MAX_UTC, Uuid::max());
+        let mut q = sqlx::query_as(&sql)
+            .bind(&f.states)
+            .bind(f.since)
+            .bind(f.until)
+            .bind(at)
+            .bind(id)
+            .bind(50_i64);
+        for v in [&f.queue, &f.kind, &f.reason].into_iter().flatten() {
+            q = q.bind(v);
+        }
+        q.fetch_all(exec).await?
+    };
     Ok(rows.into_iter().map(|r| r.0).collect::<Vec<_>>().join("\n"))
 }

@@ -130,6 +130,17 @@ async fn workflow_part(app: &App, j: &Job) -> PageResult<Markup> {
     })
 }
 
+/// The notice after an action, from `ACTION.OUTCOME` only: a link cannot
+/// make the page say anything else.
+fn flash(done: &str) -> Option<String> {
+    let (action, outcome) = done.split_once('.')?;
+    let action = ["cancel", "replay", "resolve"]
+        .into_iter()
+        .find(|a| *a == action)?;
+    let outcome = jobledger::domain::Outcome::parse(outcome)?;
+    Some(format!("Your {action} was {outcome}"))
+}
+
 pub async fn page(
     State(app): State<App>,
     session: Session,
@@ -151,7 +162,7 @@ pub async fn page(
     let story = timeline::story(&app.ledger, id).await?;
     let done = Fields::parse(q.unwrap_or_default().as_bytes());
     let body = html! {
-        @if let Some(d) = done.get("done") { p.flash { "Your " (d) } }
+        @if let Some(d) = done.get("done").and_then(flash) { p.flash { (d) } }
         (head)
         section {
             h2 { "What happened" }
@@ -208,7 +219,7 @@ pub async fn act(
             format!("{action} was {}: {why}", r.outcome),
         ));
     }
-    let done = format!("{action} was {}", r.outcome);
+    let done = format!("{action}.{}", r.outcome);
     let q: String = url::form_urlencoded::Serializer::new(String::new())
         .append_pair("done", &done)
         .finish();

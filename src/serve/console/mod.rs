@@ -147,15 +147,7 @@ impl Session {
                 "this form did not come from this console (CSRF check failed)",
             ));
         }
-        if let (Some(origin), Some(host)) = (headers.get(header::ORIGIN), headers.get(header::HOST)) {
-            let origin = origin.to_str().unwrap_or("");
-            let host = host.to_str().unwrap_or("");
-            let bare = origin.split_once("://").map_or(origin, |(_, rest)| rest);
-            if bare != host {
-                return Err(forbidden("a request from another site"));
-            }
-        }
-        Ok(())
+        same_origin(headers)
     }
 }
 
@@ -240,8 +232,11 @@ async fn login_page() -> Markup {
     )
 }
 
-async fn login(State(app): State<App>, body: axum::body::Bytes) -> PageResult {
+async fn login(State(app): State<App>, headers: HeaderMap, body: axum::body::Bytes) -> PageResult {
     let form = Fields::parse(&body);
+    // No session yet, so no CSRF value: another site's sign-in form (which
+    // would sign the browser in as the attacker) is refused by its origin.
+    same_origin(&headers)?;
     let token = form.need("token")?;
     if app.ledger.authenticate(token).await?.is_none() {
         return Err(PageError::new(
@@ -257,4 +252,22 @@ async fn logout(session: Session, headers: HeaderMap, body: axum::body::Bytes) -
     session.check_write(&headers, &Fields::parse(&body))?;
     let cookie = format!("{COOKIE}=; HttpOnly; SameSite=Strict; Path=/console; Max-Age=0");
     Ok(([(header::SET_COOKIE, cookie)], Redirect::to("/console/login")).into_response())
+}
+
+/// A request whose `Origin` names another host:port is refused. The scheme
+/// is not compared: behind a TLS proxy the browser says `https://` for the
+/// very host this server answers as plain HTTP.
+fn same_origin(headers: &HeaderMap) -> PageResult<()> {
+    if let (Some(origin), Some(host)) = (headers.get(header::ORIGIN), headers.get(header::HOST)) {
+        let origin = origin.to_str().unwrap_or("");
+        let host = host.to_str().unwrap_or("");
+        let bare = origin.split_once("://").map_or(origin, |(_, rest)| rest);
+        if bare != host {
+            return Err(PageError::new(
+                StatusCode::FORBIDDEN,
+                "a request from another site",
+            ));
+        }
+    }
+    Ok(())
 }

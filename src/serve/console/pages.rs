@@ -19,6 +19,13 @@ use jobledger::reader::LogReader;
 /// How far back the overview's "last minutes" reach.
 const MINUTES: i32 = 10;
 
+/// `key=value`, URL-encoded (a queue name may hold `&` or `#`).
+fn encoded(key: &str, value: &str) -> String {
+    url::form_urlencoded::Serializer::new(String::new())
+        .append_pair(key, value)
+        .finish()
+}
+
 fn count(v: &Value, key: &str) -> i64 {
     v[key].as_i64().unwrap_or(0)
 }
@@ -49,7 +56,7 @@ pub async fn overview(State(app): State<App>, session: Session) -> PageResult<Ma
                      th { "awaiting receipt" } th { "succeeded" } th { "cancelled" } th { "dead" } th { "takeovers" } th { "oldest pending since" } }
                 @for q in &queues {
                     tr {
-                        td { a href={ "/console/search?queue=" (q["queue"].as_str().unwrap_or("")) } { (q["queue"].as_str().unwrap_or("")) } }
+                        td { a href={ "/console/search?" (encoded("queue", q["queue"].as_str().unwrap_or(""))) } { (q["queue"].as_str().unwrap_or("")) } }
                         @for k in ["queued", "waiting", "leased", "cancel_requested", "awaiting_receipt", "succeeded", "cancelled", "dead", "takeovers"] {
                             td.n { (count(q, k)) }
                         }
@@ -80,7 +87,7 @@ pub async fn overview(State(app): State<App>, session: Session) -> PageResult<Ma
             h2 { "Dead jobs by reason" }
             ul {
                 @for (reason, n) in &o.dead_by_reason {
-                    li { a href={ "/console/dead?reason=" (reason) } { (reason) } " — " (n) }
+                    li { a href={ "/console/dead?" (encoded("reason", reason)) } { (reason) } " — " (n) }
                 }
                 @if o.dead_by_reason.is_empty() { li { "none" } }
             }
@@ -252,16 +259,25 @@ pub async fn replay_selected(
     if ids.is_empty() {
         return Err(PageError::new(StatusCode::BAD_REQUEST, "select at least one job"));
     }
+    // Job by job, like `/v1/replays`: one that is gone (purged since the
+    // page was drawn) is reported and the others still replay.
     let mut results = vec![];
     for id in ids {
-        results.push((id, app.ledger.replay(id, &session.caller.name, reason).await?));
+        let answer = match app.ledger.replay(id, &session.caller.name, reason).await {
+            Ok(r) => match &r.detail {
+                Some(d) => format!("{} ({d})", r.outcome),
+                None => r.outcome.to_string(),
+            },
+            Err(jobledger::ledger::LedgerError::NotFound(_)) => "not found (purged?)".to_string(),
+            Err(e) => return Err(e.into()),
+        };
+        results.push((id, answer));
     }
     let body = html! {
         p { "Replayed " (results.len()) " job(s):" }
         ul.results {
             @for (id, r) in &results {
-                li { a href={ "/console/jobs/" (id) } { code { (id) } } " — " (r.outcome)
-                     @if let Some(d) = &r.detail { " (" (d) ")" } }
+                li { a href={ "/console/jobs/" (id) } { code { (id) } } " — " (r) }
             }
         }
         p { a href="/console/dead" { "Back to the dead jobs" } }
