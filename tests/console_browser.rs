@@ -160,6 +160,33 @@ async fn an_operator_reads_a_story_replays_and_resolves_in_the_browser() {
         refunds.starts_with("refunds 5 0 0 0 0 0 0 2"),
         "queued 5, dead 2: {refunds}"
     );
+    // Pause the queue from its row: recorded with the operator's name.
+    fill(
+        &c,
+        "table.queues form.inline input[name=reason]",
+        "provider maintenance",
+    )
+    .await;
+    c.find(Locator::Css("table.queues form.inline button"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    c.wait()
+        .at_most(Duration::from_secs(20))
+        .for_element(Locator::Css("table.queues .badge.sending"))
+        .await
+        .unwrap();
+    let row = c
+        .find(Locator::Css("table.queues tr:nth-child(2)"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(row.contains("paused by operator:alice"), "{row}");
+    assert!(db.ledger.queue_status("refunds").await.unwrap().paused);
     shot(&c, "overview").await;
 
     // A job id pasted into the header's box opens the job.

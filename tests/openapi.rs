@@ -67,6 +67,8 @@ async fn the_document_validates_and_names_every_route() {
         ("/v1/workflows/{id}/cancel", "post"),
         ("/v1/replays", "post"),
         ("/v1/queues", "get"),
+        ("/v1/queues/{queue}/pause", "post"),
+        ("/v1/queues/{queue}/resume", "post"),
         ("/v1/readers", "get"),
         ("/v1/projections", "get"),
         ("/v1/projections/{name}/rebuild", "post"),

@@ -293,6 +293,13 @@ pub enum Cmd {
         #[command(subcommand)]
         action: TokenCmd,
     },
+    /// Queue controls: `pause Q`, `resume Q` (recorded with who and why;
+    /// a paused queue is not claimed, running jobs go on), `list`,
+    /// `history Q`.
+    Queue {
+        #[command(subcommand)]
+        action: QueueCmd,
+    },
     /// Workflows: `create @spec.json` (a JSON DAG of steps), `show PARENT`,
     /// `cancel PARENT`, `release-hold STEP` (docs/state-machine.md).
     Workflow {
@@ -477,4 +484,26 @@ pub enum TokenCmd {
     },
     /// Every token's name, role and dates (never the token).
     List,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum QueueCmd {
+    Pause {
+        queue: String,
+        #[arg(long)]
+        reason: String,
+        #[arg(long)]
+        operator: String,
+    },
+    Resume {
+        queue: String,
+        #[arg(long)]
+        reason: String,
+        #[arg(long)]
+        operator: String,
+    },
+    /// Every queue ever paused, with its state.
+    List,
+    /// A queue's pauses and resumes, oldest first.
+    History { queue: String },
 }

@@ -3,6 +3,7 @@ pub mod consume;
 pub mod output;
 pub mod parse;
 pub mod projections;
+pub mod queues;
 pub mod reads;
 pub mod run;
 pub mod services;

@@ -103,6 +103,7 @@ pub async fn run(cli: Cli) -> Result<i32> {
             super::reads::run(&ledger, &cli).await
         }
         Cmd::Token { action } => tokens(&ledger, action).await,
+        Cmd::Queue { action } => super::queues::run(&ledger, action).await,
         Cmd::Relay { .. }
         | Cmd::Worker { .. }
         | Cmd::Consume { .. }

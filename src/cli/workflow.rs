@@ -68,6 +68,22 @@ pub async fn shown(ledger: &Ledger, j: &Job) -> Result<Value> {
         }
         None => {}
     }
+    // Why a due job has not started: its queue is paused.
+    if j.state == jobledger::domain::JobState::Queued {
+        let q = ledger.queue_status(&j.queue).await?;
+        if q.paused {
+            let since = q
+                .paused_at
+                .map(jobledger::domain::digest::fmt_time)
+                .unwrap_or_default();
+            let by = q.paused_by.unwrap_or_default();
+            let why = q.reason.unwrap_or_default();
+            o.insert(
+                "waiting_because".into(),
+                json!(format!("queue paused since {since} by {by}: {why}")),
+            );
+        }
+    }
     Ok(v)
 }
 

@@ -10,6 +10,7 @@ pub mod event;
 pub mod fence;
 pub mod model;
 mod operator;
+pub mod queue;
 pub mod reason;
 mod steps;
 pub mod workflow;

@@ -8,6 +8,7 @@ mod follow;
 mod lease;
 pub mod narrative;
 mod ops;
+pub mod queues;
 pub mod search;
 pub mod timeline;
 pub mod tokens;

@@ -77,6 +77,11 @@ impl Ledger {
                 .push(problem(id, None, None, "tombstone has no events".into()));
         }
         check_workflows(&mut tx, None, &mut report).await?;
+        tx.commit().await?;
+        // Queue controls are streams of their own (no job id).
+        for detail in self.verify_queues().await? {
+            report.problems.push(problem(Uuid::nil(), None, None, detail));
+        }
         Ok(report)
     }
 }

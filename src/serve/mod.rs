@@ -195,6 +195,8 @@ fn api() -> (Router<App>, utoipa::openapi::OpenApi) {
         .routes(routes!(batches::cancel_workflow))
         .routes(routes!(batches::replay_batch))
         .routes(routes!(status::queues))
+        .routes(routes!(status::pause))
+        .routes(routes!(status::resume))
         .routes(routes!(status::readers))
         .routes(routes!(status::projections))
         .routes(routes!(status::rebuild))

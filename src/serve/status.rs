@@ -48,7 +48,10 @@ pub async fn queues(State(app): State<App>, auth: Authed) -> ApiResult<Json<Valu
     } else {
         app.ledger.projection_rows("queue_stats", None).await?
     };
-    Ok(Json(json!({ "queues": rows, "projection": freshness })))
+    let controls = app.ledger.queue_controls().await?;
+    Ok(Json(
+        json!({ "queues": rows, "projection": freshness, "controls": controls }),
+    ))
 }
 
 /// Every named log reader (relay, consumers): checkpoint, lag in events
@@ -106,4 +109,43 @@ pub async fn rebuild(State(app): State<App>, auth: Authed, Path(name): Path<Stri
         Json(json!({ "projection": name, "rebuild_table": table })),
     )
         .into_response())
+}
+
+#[derive(serde::Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct QueueControlBody {
+    /// Why (recorded with the token's name).
+    reason: String,
+}
+
+/// One route per control, each documented.
+macro_rules! queue_control {
+    ($($name:ident => $path:tt, $method:ident, $summary:tt;)+) => {$(
+        #[doc = $summary]
+        #[utoipa::path(post, path = $path, tag = "operator",
+            params(("queue" = String, Path, description = "The queue")),
+            request_body = QueueControlBody,
+            responses((status = 200, description = "`changed: false` when there was nothing to do", body = serde_json::Value),
+                (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody),
+                (status = 413, body = ErrorBody)),
+            security(("bearer" = [])))]
+        pub async fn $name(
+            State(app): State<App>,
+            auth: Authed,
+            Path(queue): Path<String>,
+            raw: super::Body,
+        ) -> ApiResult<Json<Value>> {
+            let caller = auth.may(Action::Operate)?;
+            let b: QueueControlBody = super::jobs::body(&raw)?;
+            let actor = format!("operator:{}", caller.name);
+            let change = app.ledger.$method(&queue, &actor, &b.reason).await?;
+            Ok(Json(serde_json::to_value(change).expect("plain data")))
+        }
+    )+};
+}
+
+queue_control! {
+    pause => "/v1/queues/{queue}/pause", pause_queue,
+        "Pauses a queue: nothing more is claimed from it; running jobs go on.";
+    resume => "/v1/queues/{queue}/resume", resume_queue, "Resumes a paused queue.";
 }

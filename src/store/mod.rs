@@ -11,6 +11,7 @@ pub mod jobs;
 pub mod locks;
 pub mod overview;
 pub mod policies;
+pub mod queues;
 pub mod readers;
 pub mod rejections;
 pub mod rows;

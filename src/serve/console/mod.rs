@@ -37,6 +37,7 @@ pub fn router() -> Router<App> {
         .route("/console/search", get(pages::search))
         .route("/console/dead", get(pages::dead))
         .route("/console/dead/replay", post(pages::replay_selected))
+        .route("/console/queues/{queue}/{action}", post(pages::control_queue))
         .route("/console/jobs/{id}", get(job::page))
         .route("/console/jobs/{id}/{action}", post(job::act))
 }

@@ -40,6 +40,14 @@ pub async fn overview(State(app): State<App>, session: Session) -> PageResult<Ma
         None => vec![],
     };
     let readers = crate::cli::reads::readers_json(&app.ledger).await?;
+    let controls: std::collections::HashMap<String, jobledger::ledger::queues::QueueStatus> = app
+        .ledger
+        .queue_controls()
+        .await?
+        .into_iter()
+        .map(|q| (q.queue.clone(), q))
+        .collect();
+    let may_operate = session.caller.role.may(Action::Operate);
     let o = app.ledger.overview(MINUTES).await?;
     let mut per_minute: BTreeMap<DateTime<Utc>, BTreeMap<String, i64>> = BTreeMap::new();
     for (at, kind, n) in &o.per_minute {
@@ -53,7 +61,7 @@ pub async fn overview(State(app): State<App>, session: Session) -> PageResult<Ma
             }
             table.queues {
                 tr { th { "queue" } th { "queued" } th { "waiting" } th { "leased" } th { "cancel requested" }
-                     th { "awaiting receipt" } th { "succeeded" } th { "cancelled" } th { "dead" } th { "takeovers" } th { "oldest pending since" } }
+                     th { "awaiting receipt" } th { "succeeded" } th { "cancelled" } th { "dead" } th { "takeovers" } th { "oldest pending since" } th { "claims" } }
                 @for q in &queues {
                     tr {
                         td { a href={ "/console/search?" (encoded("queue", q["queue"].as_str().unwrap_or(""))) } { (q["queue"].as_str().unwrap_or("")) } }
@@ -61,6 +69,7 @@ pub async fn overview(State(app): State<App>, session: Session) -> PageResult<Ma
                             td.n { (count(q, k)) }
                         }
                         td { (q["oldest_pending_at"].as_str().unwrap_or("—")) }
+                        td { (queue_control(q["queue"].as_str().unwrap_or(""), controls.get(q["queue"].as_str().unwrap_or("")), may_operate, &session.csrf)) }
                     }
                 }
             }
@@ -110,6 +119,61 @@ pub async fn overview(State(app): State<App>, session: Session) -> PageResult<Ma
         }
     };
     Ok(frame("Overview", Some(&session), body))
+}
+
+/// A queue's claim state, with the form that pauses or resumes it.
+fn queue_control(
+    queue: &str,
+    c: Option<&jobledger::ledger::queues::QueueStatus>,
+    may: bool,
+    csrf: &str,
+) -> Markup {
+    let paused = c.is_some_and(|c| c.paused);
+    let action = if paused { "resume" } else { "pause" };
+    html! {
+        @if let Some(c) = c.filter(|c| c.paused) {
+            span.badge.sending title=(c.reason.as_deref().unwrap_or("")) {
+                "paused by " (c.paused_by.as_deref().unwrap_or("")) " since " (c.paused_at.map(fmt_time).unwrap_or_default())
+            }
+        } @else { span.badge.published { "claiming" } }
+        @if may {
+            form.inline method="post" action={ "/console/queues/" (encoded_path(queue)) "/" (action) } {
+                input type="hidden" name="csrf" value=(csrf);
+                input name="reason" required placeholder="why" aria-label={ "why " (action) };
+                button { @if paused { "Resume" } @else { "Pause" } }
+            }
+        }
+    }
+}
+
+fn encoded_path(segment: &str) -> String {
+    url::form_urlencoded::byte_serialize(segment.as_bytes()).collect()
+}
+
+/// Pauses or resumes a queue from the overview, then shows the overview.
+pub async fn control_queue(
+    State(app): State<App>,
+    session: Session,
+    axum::extract::Path((queue, action)): axum::extract::Path<(String, String)>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> PageResult<Response> {
+    session.may(Action::Operate)?;
+    let f = Fields::parse(&body);
+    session.check_write(&headers, &f)?;
+    let reason = f.need("reason")?;
+    let actor = format!("operator:{}", session.caller.name);
+    match action.as_str() {
+        "pause" => app.ledger.pause_queue(&queue, &actor, reason).await?,
+        "resume" => app.ledger.resume_queue(&queue, &actor, reason).await?,
+        other => {
+            return Err(PageError::new(
+                StatusCode::NOT_FOUND,
+                format!("no action {other:?}"),
+            ))
+        }
+    };
+    Ok(Redirect::to("/console").into_response())
 }
 
 fn time_field(f: &Fields, key: &str) -> PageResult<Option<DateTime<Utc>>> {

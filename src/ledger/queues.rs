@@ -1,0 +1,200 @@
+//! Queue pause and resume: operators' recorded actions (domain::queue),
+//! appended to the queue's own hash-chained stream with the state they
+//! leave, in one transaction. A paused queue is not claimed (nor are its
+//! expired leases taken over); running jobs go on and may complete, and an
+//! operator's `claim_job` of one named job still works. A claim already
+//! running when the pause commits may still lease from it: the pause holds
+//! for every claim that starts after it.
+
+use chrono::{DateTime, Utc};
+
+use super::error::{LedgerError, LedgerResult};
+use super::validate::typed;
+use super::Ledger;
+use crate::domain::queue::{apply_queue, decide_queue, Pause, QueueAction, QueueControl, QueueEvent};
+use crate::store::queues::{self, QueueEventRow, QueueRow};
+
+/// A queue's controls as `queue list` and the API show them.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct QueueStatus {
+    pub queue: String,
+    pub paused: bool,
+    pub paused_at: Option<DateTime<Utc>>,
+    pub paused_by: Option<String>,
+    pub reason: Option<String>,
+    pub version: i64,
+}
+
+impl From<QueueRow> for QueueStatus {
+    fn from(r: QueueRow) -> Self {
+        QueueStatus {
+            queue: r.queue,
+            paused: r.paused,
+            paused_at: r.paused_at,
+            paused_by: r.paused_by,
+            reason: r.reason,
+            version: r.version,
+        }
+    }
+}
+
+/// The answer to a pause or resume.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct QueueChange {
+    /// False when there was nothing to do (pausing a paused queue).
+    pub changed: bool,
+    pub status: QueueStatus,
+    pub detail: Option<String>,
+}
+
+fn to_event(r: QueueEventRow) -> LedgerResult<QueueEvent> {
+    Ok(QueueEvent {
+        action: QueueAction::parse(&r.action)
+            .ok_or_else(|| crate::store::StoreError::Corrupt(format!("queue action {:?}", r.action)))?,
+        queue: r.queue,
+        version: r.version,
+        actor: r.actor,
+        reason: r.reason,
+        recorded_at: r.recorded_at,
+        prev_hash: r.prev_hash,
+        hash: r.hash,
+    })
+}
+
+impl Ledger {
+    /// Pauses `queue` (recorded with `operator` and `reason`).
+    pub async fn pause_queue(&self, queue: &str, operator: &str, reason: &str) -> LedgerResult<QueueChange> {
+        self.control_queue(queue, QueueAction::Pause, operator, reason)
+            .await
+    }
+
+    /// Resumes `queue` (recorded with `operator` and `reason`).
+    pub async fn resume_queue(&self, queue: &str, operator: &str, reason: &str) -> LedgerResult<QueueChange> {
+        self.control_queue(queue, QueueAction::Resume, operator, reason)
+            .await
+    }
+
+    async fn control_queue(
+        &self,
+        queue: &str,
+        action: QueueAction,
+        operator: &str,
+        reason: &str,
+    ) -> LedgerResult<QueueChange> {
+        self.limits.name("queue", queue)?;
+        self.limits.name("operator", operator)?;
+        typed("operator", operator)?;
+        typed("reason", reason)?;
+        self.limits.text("reason", reason)?;
+        let mut tx = self.pool.begin().await?;
+        let row = queues::lock_queue(&mut tx, queue).await?;
+        let current = QueueControl {
+            queue: queue.into(),
+            paused: row.as_ref().filter(|r| r.paused).map(|r| Pause {
+                since: r.paused_at.unwrap_or_default(),
+                by: r.paused_by.clone().unwrap_or_default(),
+                reason: r.reason.clone().unwrap_or_default(),
+            }),
+            version: row.as_ref().map_or(0, |r| r.version),
+            last_hash: row.as_ref().map(|r| r.last_hash.clone()),
+        };
+        let now = queues::the_clock(&mut tx).await?;
+        let e = match decide_queue(&current, action, operator, reason, now) {
+            Ok(e) => e,
+            Err(crate::domain::queue::QueueRefusal::Already(why)) => {
+                let status = self.queue_status(queue).await?;
+                return Ok(QueueChange {
+                    changed: false,
+                    status,
+                    detail: Some(why.into()),
+                });
+            }
+        };
+        let next = apply_queue(&current, &e).map_err(|d| LedgerError::BadInput(d))?;
+        let row = QueueEventRow {
+            queue: e.queue.clone(),
+            version: e.version,
+            action: e.action.as_str().into(),
+            actor: e.actor.clone(),
+            reason: e.reason.clone(),
+            recorded_at: e.recorded_at,
+            prev_hash: e.prev_hash.clone(),
+            hash: e.hash.clone(),
+        };
+        queues::append_queue_event(&mut tx, &row, next.paused.is_some()).await?;
+        tx.commit().await?;
+        Ok(QueueChange {
+            changed: true,
+            status: self.queue_status(queue).await?,
+            detail: None,
+        })
+    }
+
+    /// The queue's controls (never paused: not paused, version 0).
+    pub async fn queue_status(&self, queue: &str) -> LedgerResult<QueueStatus> {
+        Ok(match queues::queue_state(&self.pool, queue).await? {
+            Some(r) => r.into(),
+            None => QueueStatus {
+                queue: queue.into(),
+                paused: false,
+                paused_at: None,
+                paused_by: None,
+                reason: None,
+                version: 0,
+            },
+        })
+    }
+
+    /// Every queue that was ever paused.
+    pub async fn queue_controls(&self) -> LedgerResult<Vec<QueueStatus>> {
+        Ok(queues::controlled_queues(&self.pool)
+            .await?
+            .into_iter()
+            .map(Into::into)
+            .collect())
+    }
+
+    /// A queue's pauses and resumes, oldest first.
+    pub async fn queue_history(&self, queue: &str) -> LedgerResult<Vec<QueueEvent>> {
+        queues::queue_events(&self.pool, Some(queue))
+            .await?
+            .into_iter()
+            .map(to_event)
+            .collect()
+    }
+
+    /// Replays every queue's stream: each hash and link, and the state it
+    /// leaves against `jobledger.queues`. One line per problem.
+    pub async fn verify_queues(&self) -> LedgerResult<Vec<String>> {
+        let mut problems = vec![];
+        let mut folded: std::collections::BTreeMap<String, QueueControl> = Default::default();
+        for r in queues::queue_events(&self.pool, None).await? {
+            let e = to_event(r)?;
+            let q = folded.entry(e.queue.clone()).or_insert_with(|| QueueControl {
+                queue: e.queue.clone(),
+                ..Default::default()
+            });
+            match apply_queue(q, &e) {
+                Ok(next) => *q = next,
+                Err(why) => problems.push(why),
+            }
+        }
+        for row in queues::controlled_queues(&self.pool).await? {
+            let f = folded.remove(&row.queue).unwrap_or_default();
+            if f.version != row.version || f.paused.is_some() != row.paused {
+                problems.push(format!(
+                    "queue {:?}: the state (v{}, paused {}) is not what its events leave (v{}, paused {})",
+                    row.queue,
+                    row.version,
+                    row.paused,
+                    f.version,
+                    f.paused.is_some()
+                ));
+            }
+        }
+        for (queue, _) in folded {
+            problems.push(format!("queue {queue:?}: events without a state row"));
+        }
+        Ok(problems)
+    }
+}
