@@ -110,7 +110,7 @@ impl Ledger {
                 });
             }
         };
-        let next = apply_queue(&current, &e).map_err(|d| LedgerError::BadInput(d))?;
+        let next = apply_queue(&current, &e).map_err(LedgerError::BadInput)?;
         let row = QueueEventRow {
             queue: e.queue.clone(),
             version: e.version,
