@@ -35,8 +35,10 @@ pub type After = (DateTime<Utc>, Uuid);
 /// (each filter set is its own prepared statement, planned for what it
 /// asks), and every equality filter has an index led by it and the state:
 /// queue, kind and reason (migrations 20261202000004 and ...06).
+/// One branch per state with the state written out, so the planner can
+/// use an index that covers only some states (the claim's, the terminal one).
 fn search_sql(f: &JobFilter) -> String {
-    let mut n = 5; // $1 states, $2 since, $3 until, $4/$5 the cursor, $6 limit
+    let mut n = 6; // $1 states, $2 since, $3 until, $4/$5 the cursor, $6 limit
     let mut preds = String::new();
     for (col, present) in [
         ("queue", f.queue.is_some()),
@@ -45,23 +47,31 @@ fn search_sql(f: &JobFilter) -> String {
     ] {
         if present {
             n += 1;
-            preds.push_str(&format!(" AND {col} = ${}", n + 1));
+            preds.push_str(&format!(" AND {col} = ${n}"));
         }
     }
-    let cols = JOB_COLUMNS
-        .split(", ")
-        .map(|c| format!("j.{c}"))
-        .collect::<Vec<_>>()
-        .join(", ");
-    format!(
-        "SELECT {cols} FROM unnest($1::text[]) AS s(state) CROSS JOIN LATERAL ( \
-           SELECT {JOB_COLUMNS} FROM jobledger.jobs \
-           WHERE state = s.state{preds} \
-             AND created_at >= coalesce($2, '-infinity') AND created_at < coalesce($3, 'infinity') \
-             AND (created_at, job_id) < ($4, $5) \
-           ORDER BY created_at DESC, job_id DESC LIMIT $6) AS j \
-         ORDER BY j.created_at DESC, j.job_id DESC LIMIT $6"
-    )
+    let branches: Vec<String> = f
+        .states
+        .iter()
+        // The ledger passes only known state names; anything else is dropped
+        // here rather than written into SQL.
+        .filter(|s| crate::domain::JobState::parse(s).is_some())
+        .map(|state| {
+            format!(
+                "(SELECT {JOB_COLUMNS} FROM jobledger.jobs \
+                  WHERE state = '{state}' AND state = ANY($1::text[]){preds} \
+                    AND created_at >= coalesce($2, '-infinity') AND created_at < coalesce($3, 'infinity') \
+                    AND (created_at, job_id) < ($4, $5) \
+                  ORDER BY created_at DESC, job_id DESC LIMIT $6)"
+            )
+        })
+        .collect();
+    let union = if branches.is_empty() {
+        format!("SELECT {JOB_COLUMNS} FROM jobledger.jobs WHERE false AND state = ANY($1::text[]) AND $2::timestamptz IS NULL AND $3::timestamptz IS NULL AND $4::timestamptz IS NULL AND $5::uuid IS NULL AND $6::int8 IS NULL{preds}")
+    } else {
+        branches.join(" UNION ALL ")
+    };
+    format!("SELECT * FROM ({union}) AS j ORDER BY j.created_at DESC, j.job_id DESC LIMIT $6")
 }
 
 type Q<'q> = sqlx::query::QueryAs<'q, sqlx::Postgres, JobRow, sqlx::postgres::PgArguments>;
