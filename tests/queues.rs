@@ -142,3 +142,119 @@ async fn pause_and_resume_over_http() {
     .await;
     assert_eq!(v["leases"].as_array().map(Vec::len), Some(1), "{v}");
 }
+
+/// What the second review found: a console form that paused another queue
+/// (a space encoded as `+`), bursts of pauses that starved the server's
+/// pool, and edits of the state row that verify did not see.
+#[tokio::test]
+async fn second_review_of_queue_controls() {
+    let db = fresh().await;
+    let olga = db.ledger.create_token("olga", Role::Operator).await.unwrap();
+    for q in ["a b", "a+b"] {
+        db.ledger.enqueue(new_job(q, Some("k"), json!({}))).await.unwrap();
+    }
+    db.ledger.pause_queue("a b", "alice", "incident").await.unwrap();
+    let s = Server::start(&db.url);
+
+    // The console's resume form of "a b" resumes "a b".
+    let http = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let cookie = format!("jl_session={olga}");
+    let page = http
+        .get(format!("{}/console", s.base))
+        .header("cookie", &cookie)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let action = page
+        .split("action=\"")
+        .filter_map(|p| p.split('"').next())
+        .find(|a| a.ends_with("/resume"))
+        .unwrap_or_else(|| panic!("a resume form: {page}"))
+        .to_string();
+    assert_eq!(action, "/console/queues/a%20b/resume");
+    let csrf = page
+        .split("name=\"csrf\" value=\"")
+        .nth(1)
+        .unwrap()
+        .split('"')
+        .next()
+        .unwrap()
+        .to_string();
+    let r = http
+        .post(format!("{}{action}", s.base))
+        .header("cookie", &cookie)
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(format!("csrf={csrf}&reason=over"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 303);
+    assert!(
+        !db.ledger.queue_status("a b").await.unwrap().paused,
+        "the queue named resumed"
+    );
+    assert_eq!(
+        db.ledger.queue_status("a+b").await.unwrap().version,
+        0,
+        "the other untouched"
+    );
+
+    // Sixteen pauses at once: every one answered, one recorded.
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..16 {
+        let (url, t) = (format!("{}/v1/queues/burst/pause", s.base), olga.clone());
+        tasks.spawn(
+            async move { call("POST", &url, Some(&t), Some(json!({ "reason": "r" }).to_string())).await },
+        );
+    }
+    let mut changed = 0;
+    while let Some(r) = tasks.join_next().await {
+        let (st, v) = r.unwrap();
+        assert_eq!(st, 200, "{v}");
+        changed += usize::from(v["changed"] == true);
+    }
+    assert_eq!(changed, 1);
+    db.assert_verified().await;
+
+    // An edit of the state row (who paused, why) is found.
+    let mut conn = db.conn().await;
+    sqlx::query("UPDATE jobledger.queues SET paused_by = 'mallory' WHERE queue = 'burst'")
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    let report = db.ledger.verify(None).await.unwrap();
+    assert!(
+        report.problems.iter().any(|p| p.detail.contains("\"burst\"")),
+        "{:?}",
+        report.problems
+    );
+}
+
+#[tokio::test]
+async fn a_resumed_lease_checks_the_name_it_records() {
+    let db = fresh().await;
+    db.enqueue(Some("a"), json!({})).await;
+    let l = db.claim_one("w").await;
+    let forged = jobledger::ledger::Lease::resume(
+        db.ledger.clone(),
+        l.job_id(),
+        l.fence().epoch,
+        l.fence().token,
+        "x\n 99 v9 forged",
+    );
+    assert!(matches!(
+        forged.complete(None).await,
+        Err(jobledger::ledger::LedgerError::BadInput(_))
+    ));
+    assert_eq!(
+        db.job(l.job_id()).await.state,
+        JobState::Leased,
+        "nothing written"
+    );
+}

@@ -88,6 +88,9 @@ impl Lease {
     }
 
     async fn write(&self, cmd: Command) -> LedgerResult<WriteResult> {
+        // A handle rebuilt from ids (`resume`) names its holder unchecked:
+        // the fence decides, but the name is recorded, so it is checked.
+        self.ledger.limits.name("worker id", &self.holder)?;
         run_transition(&self.ledger.pool, self.job_id, &self.holder, cmd).await
     }
 
@@ -144,6 +147,7 @@ impl Lease {
         result: Option<Value>,
     ) -> LedgerResult<WriteResult> {
         self.check_result(&result)?;
+        self.ledger.limits.name("worker id", &self.holder)?;
         let cmd = Command::Complete {
             fence: self.fence,
             result,

@@ -61,6 +61,17 @@ fn to_event(r: QueueEventRow) -> LedgerResult<QueueEvent> {
     })
 }
 
+fn never_paused(queue: &str) -> QueueStatus {
+    QueueStatus {
+        queue: queue.into(),
+        paused: false,
+        paused_at: None,
+        paused_by: None,
+        reason: None,
+        version: 0,
+    }
+}
+
 impl Ledger {
     /// Pauses `queue` (recorded with `operator` and `reason`).
     pub async fn pause_queue(&self, queue: &str, operator: &str, reason: &str) -> LedgerResult<QueueChange> {
@@ -101,8 +112,10 @@ impl Ledger {
         let now = queues::the_clock(&mut tx).await?;
         let e = match decide_queue(&current, action, operator, reason, now) {
             Ok(e) => e,
+            // From the row this transaction holds: asking the pool here
+            // would wait on a connection that waits on this lock.
             Err(crate::domain::queue::QueueRefusal::Already(why)) => {
-                let status = self.queue_status(queue).await?;
+                let status = row.map_or_else(|| never_paused(queue), QueueStatus::from);
                 return Ok(QueueChange {
                     changed: false,
                     status,
@@ -134,14 +147,7 @@ impl Ledger {
     pub async fn queue_status(&self, queue: &str) -> LedgerResult<QueueStatus> {
         Ok(match queues::queue_state(&self.pool, queue).await? {
             Some(r) => r.into(),
-            None => QueueStatus {
-                queue: queue.into(),
-                paused: false,
-                paused_at: None,
-                paused_by: None,
-                reason: None,
-                version: 0,
-            },
+            None => never_paused(queue),
         })
     }
 
@@ -164,11 +170,13 @@ impl Ledger {
     }
 
     /// Replays every queue's stream: each hash and link, and the state it
-    /// leaves against `jobledger.queues`. One line per problem.
-    pub async fn verify_queues(&self) -> LedgerResult<Vec<String>> {
+    /// leaves against `jobledger.queues` (every column). One line per
+    /// problem. Run it inside one snapshot (verify's), or a pause between
+    /// its two reads would look like corruption.
+    pub async fn verify_queues_in(&self, conn: &mut sqlx::PgConnection) -> LedgerResult<Vec<String>> {
         let mut problems = vec![];
         let mut folded: std::collections::BTreeMap<String, QueueControl> = Default::default();
-        for r in queues::queue_events(&self.pool, None).await? {
+        for r in queues::queue_events(&mut *conn, None).await? {
             let e = to_event(r)?;
             let q = folded.entry(e.queue.clone()).or_insert_with(|| QueueControl {
                 queue: e.queue.clone(),
@@ -179,9 +187,16 @@ impl Ledger {
                 Err(why) => problems.push(why),
             }
         }
-        for row in queues::controlled_queues(&self.pool).await? {
+        for row in queues::controlled_queues(&mut *conn).await? {
             let f = folded.remove(&row.queue).unwrap_or_default();
-            if f.version != row.version || f.paused.is_some() != row.paused {
+            let p = f.paused.as_ref();
+            let same = f.version == row.version
+                && f.paused.is_some() == row.paused
+                && f.last_hash.as_deref() == Some(row.last_hash.as_str())
+                && p.map(|p| p.since) == row.paused_at
+                && p.map(|p| p.by.as_str()) == row.paused_by.as_deref()
+                && p.map(|p| p.reason.as_str()) == row.reason.as_deref();
+            if !same {
                 problems.push(format!(
                     "queue {:?}: the state (v{}, paused {}) is not what its events leave (v{}, paused {})",
                     row.queue,

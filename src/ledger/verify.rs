@@ -77,9 +77,9 @@ impl Ledger {
                 .push(problem(id, None, None, "tombstone has no events".into()));
         }
         check_workflows(&mut tx, None, &mut report).await?;
-        tx.commit().await?;
-        // Queue controls are streams of their own (no job id).
-        for detail in self.verify_queues().await? {
+        // Queue controls are streams of their own (no job id), read in the
+        // same snapshot.
+        for detail in self.verify_queues_in(&mut tx).await? {
             report.problems.push(problem(Uuid::nil(), None, None, detail));
         }
         Ok(report)

@@ -199,6 +199,8 @@ impl WorkerBuilder {
         if self.cfg.queues.is_empty() {
             return Err(LedgerError::BadInput("a worker needs at least one queue".into()));
         }
+        // The same bounds every claim checks: refuse now, not at each poll.
+        self.ledger.limits().lease(self.cfg.lease)?;
         if self.cfg.heartbeat >= self.cfg.lease {
             return Err(LedgerError::BadInput(
                 "the heartbeat interval must be shorter than the lease".into(),

@@ -72,6 +72,17 @@ pub async fn overview(State(app): State<App>, session: Session) -> PageResult<Ma
                         td { (queue_control(q["queue"].as_str().unwrap_or(""), controls.get(q["queue"].as_str().unwrap_or("")), may_operate, &session.csrf)) }
                     }
                 }
+                // A paused queue without jobs (yet) still shows, to be resumed.
+                @for (name, c) in &controls {
+                    @if !queues.iter().any(|q| q["queue"].as_str() == Some(name.as_str())) {
+                        tr {
+                            td { (name) }
+                            @for _ in 0..9 { td.n { "—" } }
+                            td { "—" }
+                            td { (queue_control(name, Some(c), may_operate, &session.csrf)) }
+                        }
+                    }
+                }
             }
         }
         section {
@@ -146,8 +157,10 @@ fn queue_control(
     }
 }
 
+/// One path segment, percent-encoded (a form encoder would write a space
+/// as `+`, which a path keeps as a plus: another queue).
 fn encoded_path(segment: &str) -> String {
-    url::form_urlencoded::byte_serialize(segment.as_bytes()).collect()
+    percent_encoding::utf8_percent_encode(segment, percent_encoding::NON_ALPHANUMERIC).to_string()
 }
 
 /// Pauses or resumes a queue from the overview, then shows the overview.
