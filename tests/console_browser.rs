@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::serve::Server;
+use common::serve::{csrf_in, Server};
 use common::{fresh, new_job, TestDb};
 use fantoccini::{Client, ClientBuilder, Locator};
 use jobledger::domain::{ErrorClass, JobState};
@@ -347,14 +347,7 @@ async fn the_console_refuses_strangers_and_forged_forms() {
         .text()
         .await
         .unwrap();
-    let csrf = page
-        .split("name=\"csrf\" value=\"")
-        .nth(1)
-        .unwrap()
-        .split('"')
-        .next()
-        .unwrap()
-        .to_string();
+    let csrf = csrf_in(&page);
     assert_eq!(
         replay(&csrf, Some("http://evil.example"))
             .await

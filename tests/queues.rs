@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::serve::{call, Server};
+use common::serve::{call, csrf_in, Server};
 use common::{fresh, new_job};
 use jobledger::domain::JobState;
 use jobledger::ledger::tokens::Role;
@@ -178,14 +178,7 @@ async fn second_review_of_queue_controls() {
         .unwrap_or_else(|| panic!("a resume form: {page}"))
         .to_string();
     assert_eq!(action, "/console/queues/a%20b/resume");
-    let csrf = page
-        .split("name=\"csrf\" value=\"")
-        .nth(1)
-        .unwrap()
-        .split('"')
-        .next()
-        .unwrap()
-        .to_string();
+    let csrf = csrf_in(&page);
     let r = http
         .post(format!("{}{action}", s.base))
         .header("cookie", &cookie)

@@ -5,23 +5,13 @@
 
 mod common;
 
-use common::serve::{call, one_line, Server};
+use common::serve::{one_line, post, Server};
 use common::{fresh, TestDb};
 use jobledger::domain::JobState;
 use jobledger::ledger::tokens::Role;
 use serde_json::{json, Value};
 use std::process::Command;
 use uuid::Uuid;
-
-async fn post(s: &Server, path: &str, token: &str, body: Value) -> (u16, Value) {
-    call(
-        "POST",
-        &format!("{}{path}", s.base),
-        Some(token),
-        Some(body.to_string()),
-    )
-    .await
-}
 
 async fn claim(s: &Server, token: &str, worker: &str, limit: usize) -> Vec<Value> {
     let (st, v) = post(

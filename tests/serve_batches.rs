@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::serve::{call, one_line, Server};
+use common::serve::{call, one_line, post, Server};
 use common::workflows::{seed, spec, step};
 use common::{fresh, new_job};
 use jobledger::domain::workflow::DependencyPolicy;
@@ -12,16 +12,6 @@ use jobledger::domain::ErrorClass;
 use jobledger::ledger::tokens::Role;
 use serde_json::{json, Value};
 use std::time::Duration;
-
-async fn post(s: &Server, path: &str, token: &str, body: Value) -> (u16, Value) {
-    call(
-        "POST",
-        &format!("{}{path}", s.base),
-        Some(token),
-        Some(body.to_string()),
-    )
-    .await
-}
 
 #[tokio::test]
 async fn a_batch_of_jobs_is_written_whole_or_not_at_all() {

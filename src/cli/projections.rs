@@ -164,3 +164,15 @@ pub async fn start_rebuild(ledger: &Ledger, name: &str) -> Result<String> {
     let runner = Runner::new(ledger.pool().clone(), &reader, 5000).await?;
     Ok(runner.start_rebuild(p).await?)
 }
+
+/// The `queue_stats` projection's rows, given `status_json`'s entries:
+/// none before the projections service first ran (there is no view yet).
+pub async fn queue_stats_rows(
+    ledger: &Ledger,
+    status: &[serde_json::Value],
+) -> Result<Vec<serde_json::Value>> {
+    if !status.iter().any(|p| p["projection"] == "queue_stats") {
+        return Ok(vec![]);
+    }
+    Ok(ledger.projection_rows("queue_stats", None).await?)
+}

@@ -269,7 +269,14 @@ pub(crate) async fn transition_many(
 ) -> LedgerResult<Vec<WriteResult>> {
     let mut ids: Vec<Uuid> = items.iter().map(|(id, _, _)| *id).collect();
     ids.sort();
-    ids.dedup();
+    // Each job once: two writes of one job would be decided on the same
+    // locked row, and the second would find it gone ("no such job").
+    if let Some(w) = ids.windows(2).find(|w| w[0] == w[1]) {
+        return Err(super::error::LedgerError::BadInput(format!(
+            "job {} appears twice in the batch",
+            w[0]
+        )));
+    }
     let mut tx = pool.begin().await?;
     let mut locked: std::collections::HashMap<Uuid, (Job, chrono::DateTime<chrono::Utc>)> =
         to_jobs(jobs::lock_jobs(&mut tx, &ids).await?)?

@@ -228,7 +228,6 @@ impl Lease {
                 ledger.limits.json("result", r)?;
             }
         }
-        once_each(items.iter().map(|(l, _)| l.job_id))?;
         let cmds = items
             .into_iter()
             .map(|(l, result)| {
@@ -252,7 +251,6 @@ impl Lease {
         lease: Duration,
     ) -> LedgerResult<Vec<WriteResult>> {
         ledger.limits.lease(lease)?;
-        once_each(leases.iter().map(|l| l.job_id))?;
         let cmds = leases
             .iter()
             .map(|l| {
@@ -268,19 +266,4 @@ impl Lease {
             .collect();
         transition_many(&ledger.pool, cmds).await
     }
-}
-
-/// A batch names each job once: two writes of one job in one transaction
-/// would be decided on the same locked row, and the second answered as if
-/// the job did not exist.
-fn once_each(ids: impl Iterator<Item = Uuid>) -> LedgerResult<()> {
-    let mut seen = std::collections::HashSet::new();
-    for id in ids {
-        if !seen.insert(id) {
-            return Err(super::error::LedgerError::BadInput(format!(
-                "job {id} appears twice in the batch"
-            )));
-        }
-    }
-    Ok(())
 }

@@ -10,7 +10,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use utoipa::ToSchema;
 
-use super::jobs::{body, EnqueueBody, ReasonBody};
+use super::jobs::{body, body_or_default, EnqueueBody, ReasonBody};
 use super::{ApiError, ApiResult, App, Authed, Body, ErrorBody, JobPath};
 use crate::cli::output::{enqueued_json, WriteAnswer};
 use crate::cli::workflow::{created_json, view_head_json};
@@ -113,11 +113,7 @@ pub async fn cancel_workflow(
     raw: Body,
 ) -> ApiResult<Response> {
     let caller = auth.may(Action::Operate)?;
-    let b: ReasonBody = if raw.0.is_empty() {
-        ReasonBody::default()
-    } else {
-        body(&raw)?
-    };
+    let b: ReasonBody = body_or_default(&raw)?;
     let out = app
         .ledger
         .cancel_workflow_as(id, &format!("operator:{}", caller.name), b.reason.as_deref())

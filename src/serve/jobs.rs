@@ -21,6 +21,15 @@ pub(super) fn body<T: DeserializeOwned>(raw: &Body) -> ApiResult<T> {
         .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, format!("bad request body: {e}")))
 }
 
+/// An optional body: empty is `T::default()`.
+pub(super) fn body_or_default<T: DeserializeOwned + Default>(raw: &Body) -> ApiResult<T> {
+    if raw.0.is_empty() {
+        Ok(T::default())
+    } else {
+        body(raw)
+    }
+}
+
 #[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct EnqueueBody {
@@ -127,11 +136,7 @@ pub async fn cancel(
     raw: Body,
 ) -> ApiResult<Response> {
     let caller = auth.may(Action::Operate)?;
-    let b: ReasonBody = if raw.0.is_empty() {
-        ReasonBody::default()
-    } else {
-        body(&raw)?
-    };
+    let b: ReasonBody = body_or_default(&raw)?;
     let actor = format!("operator:{}", caller.name);
     Ok(written(
         &app.ledger.cancel_as(id, &actor, b.reason.as_deref()).await?,

@@ -38,16 +38,13 @@ pub async fn queues(State(app): State<App>, auth: Authed) -> ApiResult<Json<Valu
     let status = crate::cli::projections::status_json(&app.ledger, &reader, true)
         .await
         .map_err(internal)?;
+    let rows = crate::cli::projections::queue_stats_rows(&app.ledger, &status)
+        .await
+        .map_err(internal)?;
     let freshness = status
         .into_iter()
         .find(|v| v["projection"] == "queue_stats")
         .unwrap_or(Value::Null);
-    // Before the projections service first ran there is no view to read.
-    let rows = if freshness.is_null() {
-        vec![]
-    } else {
-        app.ledger.projection_rows("queue_stats", None).await?
-    };
     let controls = app.ledger.queue_controls().await?;
     Ok(Json(
         json!({ "queues": rows, "projection": freshness, "controls": controls }),

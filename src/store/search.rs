@@ -74,9 +74,10 @@ fn search_sql(f: &JobFilter) -> String {
     format!("SELECT * FROM ({union}) AS j ORDER BY j.created_at DESC, j.job_id DESC LIMIT $6")
 }
 
-type Q<'q> = sqlx::query::QueryAs<'q, sqlx::Postgres, JobRow, sqlx::postgres::PgArguments>;
+type Q<'q, O> = sqlx::query::QueryAs<'q, sqlx::Postgres, O, sqlx::postgres::PgArguments>;
 
-fn bind_all<'q>(q: Q<'q>, f: &'q JobFilter, after: Option<After>, limit: i64) -> Q<'q> {
+/// The parameters in the order `search_sql` numbers them.
+fn bind_all<'q, O>(q: Q<'q, O>, f: &'q JobFilter, after: Option<After>, limit: i64) -> Q<'q, O> {
     let (at, id) = after.unwrap_or((DateTime::<Utc>::MAX_UTC, Uuid::max()));
     let mut q = q
         .bind(&f.states)
@@ -108,19 +109,8 @@ pub async fn search_jobs<'e>(
 /// check for sequential scans and for the index used).
 pub async fn explain_search<'e>(exec: impl PgExecutor<'e>, f: &JobFilter) -> StoreResult<String> {
     let sql = format!("EXPLAIN {}", search_sql(f));
-    let rows: Vec<(String,)> = {
-        let (at, id) = (DateTime::<Utc>::MAX_UTC, Uuid::max());
-        let mut q = sqlx::query_as(&sql)
-            .bind(&f.states)
-            .bind(f.since)
-            .bind(f.until)
-            .bind(at)
-            .bind(id)
-            .bind(50_i64);
-        for v in [&f.queue, &f.kind, &f.reason].into_iter().flatten() {
-            q = q.bind(v);
-        }
-        q.fetch_all(exec).await?
-    };
+    let rows: Vec<(String,)> = bind_all(sqlx::query_as(&sql), f, None, 50)
+        .fetch_all(exec)
+        .await?;
     Ok(rows.into_iter().map(|r| r.0).collect::<Vec<_>>().join("\n"))
 }

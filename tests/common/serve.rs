@@ -63,3 +63,23 @@ pub fn one_line(v: &Value) -> &str {
     assert!(!e.contains('\n'), "one line: {e:?}");
     e
 }
+
+/// `POST base+path` with a JSON body and a bearer token.
+pub async fn post(s: &Server, path: &str, token: &str, body: Value) -> (u16, Value) {
+    call(
+        "POST",
+        &format!("{}{path}", s.base),
+        Some(token),
+        Some(body.to_string()),
+    )
+    .await
+}
+
+/// The CSRF value a console page's forms carry.
+pub fn csrf_in(page: &str) -> String {
+    page.split("name=\"csrf\" value=\"")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .unwrap_or_else(|| panic!("no CSRF value in the page"))
+        .to_string()
+}

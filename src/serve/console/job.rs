@@ -179,10 +179,8 @@ pub async fn act(
     headers: HeaderMap,
     body: axum::body::Bytes,
 ) -> PageResult<Response> {
-    session.may(Action::Operate)?;
+    let f = session.operator_form(&headers, &body)?;
     let id = job_id(&raw)?;
-    let f = Fields::parse(&body);
-    session.check_write(&headers, &f)?;
     let name = &session.caller.name;
     let r = match action.as_str() {
         "cancel" => {

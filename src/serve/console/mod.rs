@@ -140,6 +140,15 @@ impl Session {
         ))
     }
 
+    /// An operator's form: the role, then the form's CSRF value and the
+    /// request's origin; the parsed form when all hold.
+    pub fn operator_form(&self, headers: &HeaderMap, body: &[u8]) -> PageResult<Fields> {
+        self.may(Action::Operate)?;
+        let f = Fields::parse(body);
+        self.check_write(headers, &f)?;
+        Ok(f)
+    }
+
     /// Checks a form's CSRF value and the request's origin (a write).
     pub fn check_write(&self, headers: &HeaderMap, form: &Fields) -> PageResult<()> {
         let forbidden = |why: &str| PageError::new(StatusCode::FORBIDDEN, why);
