@@ -4,25 +4,15 @@
 
 mod common;
 
-use common::serve::{call, Server};
+use common::serve::{call, csrf_in, post, Server};
 use common::workflows::seed;
 use common::{fresh, new_job};
 use jobledger::domain::workflow::DependencyPolicy;
 use jobledger::domain::{ErrorClass, JobState};
 use jobledger::ledger::search::Search;
 use jobledger::ledger::tokens::Role;
-use serde_json::{json, Value};
+use serde_json::json;
 use std::time::Duration;
-
-async fn post(s: &Server, path: &str, token: &str, body: Value) -> (u16, Value) {
-    call(
-        "POST",
-        &format!("{}{path}", s.base),
-        Some(token),
-        Some(body.to_string()),
-    )
-    .await
-}
 
 #[tokio::test]
 async fn a_refused_workflow_cancel_writes_nothing() {
@@ -289,14 +279,7 @@ async fn the_console_reports_each_job_of_a_bulk_replay_and_its_notices_are_its_o
         !page.contains("anything I like"),
         "a link cannot make the page speak"
     );
-    let csrf = page
-        .split("name=\"csrf\" value=\"")
-        .nth(1)
-        .unwrap()
-        .split('"')
-        .next()
-        .unwrap()
-        .to_string();
+    let csrf = csrf_in(&page);
     let gone = uuid::Uuid::now_v7();
     let body = format!(
         "csrf={csrf}&reason=bulk&job={}&job={gone}&job={}",
@@ -320,4 +303,59 @@ async fn the_console_reports_each_job_of_a_bulk_replay_and_its_notices_are_its_o
             "both real jobs replayed"
         );
     }
+}
+
+/// The third review: rebuilds started at once raced on a new projection's
+/// table (500s), a time before 4713 BC was a 500, and a reader saw the
+/// dead-jobs form.
+#[tokio::test]
+async fn third_review_rebuild_race_old_times_and_readers() {
+    let db = fresh().await;
+    let root = db.ledger.create_token("root", Role::Admin).await.unwrap();
+    let rita = db.ledger.create_token("rita", Role::Reader).await.unwrap();
+    let s = Server::start(&db.url);
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..4 {
+        let (url, t) = (
+            format!("{}/v1/projections/queue_stats/rebuild", s.base),
+            root.clone(),
+        );
+        tasks.spawn(async move { call("POST", &url, Some(&t), None).await });
+    }
+    let mut tables = std::collections::HashSet::new();
+    while let Some(r) = tasks.join_next().await {
+        let (st, v) = r.unwrap();
+        assert_eq!(st, 202, "{v}");
+        tables.insert(v["rebuild_table"].as_str().unwrap().to_string());
+    }
+    assert_eq!(tables.len(), 1, "one rebuild: {tables:?}");
+    let (st, v) = call(
+        "GET",
+        &format!("{}/v1/jobs?since=-4713-01-01T00:00:00Z", s.base),
+        Some(&rita),
+        None,
+    )
+    .await;
+    assert_eq!(st, 400, "{v}");
+    let (st, v) = post(
+        &s,
+        "/v1/jobs",
+        &root,
+        json!({ "queue": "q", "kind": "k", "run_at": "-4713-01-01T00:00:00Z" }),
+    )
+    .await;
+    assert_eq!(st, 400, "{v}");
+    let page = reqwest::Client::new()
+        .get(format!("{}/console/dead", s.base))
+        .header("cookie", format!("jl_session={rita}"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        page.contains("Dead jobs") && !page.contains("/console/dead/replay"),
+        "{page}"
+    );
 }

@@ -84,6 +84,16 @@ pub async fn entries(pool: &PgPool) -> Result<Vec<Entry>, sqlx::Error> {
     .await
 }
 
+/// A transaction-scoped lock on a projection's name, held where no
+/// registry row exists yet to lock (its first registration).
+pub async fn lock_name(conn: &mut PgConnection, name: &str) -> Result<(), sqlx::Error> {
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended('jobledger_proj:' || $1, 0))")
+        .bind(name)
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
 /// The entry, locked: one runner at a time moves a projection.
 pub async fn lock(conn: &mut PgConnection, name: &str) -> Result<Option<Entry>, sqlx::Error> {
     sqlx::query_as(&format!(

@@ -158,6 +158,9 @@ impl<'a> Runner<'a> {
 
     async fn ensure(&self, p: &dyn Projection) -> Result<Entry, ProjectionError> {
         let mut tx = self.pool.begin().await?;
+        // Two runners registering a new projection at once would both
+        // create its table (there is no registry row to lock yet).
+        registry::lock_name(&mut tx, p.name()).await?;
         if let Some(e) = registry::lock(&mut tx, p.name()).await? {
             return Ok(e);
         }

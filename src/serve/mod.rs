@@ -62,6 +62,10 @@ impl From<LedgerError> for ApiError {
             LedgerError::Store(s) if s.sqlstate().as_deref() == Some("22021") => {
                 return ApiError::new(StatusCode::BAD_REQUEST, "the request holds a U+0000 character");
             }
+            // A time chrono parses but PostgreSQL cannot hold (before 4713 BC).
+            LedgerError::Store(s) if s.sqlstate().as_deref() == Some("22008") => {
+                return ApiError::new(StatusCode::BAD_REQUEST, "a time is out of range");
+            }
             _ => {
                 tracing::error!("request failed: {e}");
                 return ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal error (logged)");

@@ -35,10 +35,7 @@ pub async fn overview(State(app): State<App>, session: Session) -> PageResult<Ma
     let reader = LogReader::source(app.ledger.pool().clone());
     let projections = crate::cli::projections::status_json(&app.ledger, &reader, true).await?;
     let stats = projections.iter().find(|p| p["projection"] == "queue_stats");
-    let queues = match stats {
-        Some(_) => app.ledger.projection_rows("queue_stats", None).await?,
-        None => vec![],
-    };
+    let queues = crate::cli::projections::queue_stats_rows(&app.ledger, &projections).await?;
     let readers = crate::cli::reads::readers_json(&app.ledger).await?;
     let controls: std::collections::HashMap<String, jobledger::ledger::queues::QueueStatus> = app
         .ledger
@@ -171,9 +168,7 @@ pub async fn control_queue(
     headers: HeaderMap,
     body: axum::body::Bytes,
 ) -> PageResult<Response> {
-    session.may(Action::Operate)?;
-    let f = Fields::parse(&body);
-    session.check_write(&headers, &f)?;
+    let f = session.operator_form(&headers, &body)?;
     let reason = f.need("reason")?;
     let actor = format!("operator:{}", session.caller.name);
     match action.as_str() {
@@ -300,15 +295,20 @@ pub async fn dead(State(app): State<App>, session: Session, RawQuery(q): RawQuer
     let may_replay = session.caller.role.may(Action::Operate);
     let body = html! {
         (filter_form(&f, "/console/dead", &["queue", "kind", "reason", "since", "until"]))
-        form method="post" action="/console/dead/replay" {
-            input type="hidden" name="csrf" value=(session.csrf);
-            (jobs_table(&page.jobs, may_replay.then_some("job")))
-            @if may_replay && !page.jobs.is_empty() {
-                p.actions {
-                    label { "Reason " input name="reason" required placeholder="why replay them"; }
-                    button name="go" value="replay" { "Replay selected" }
+        // A reader sees the list, without the form.
+        @if may_replay {
+            form method="post" action="/console/dead/replay" {
+                input type="hidden" name="csrf" value=(session.csrf);
+                (jobs_table(&page.jobs, Some("job")))
+                @if !page.jobs.is_empty() {
+                    p.actions {
+                        label { "Reason " input name="reason" required placeholder="why replay them"; }
+                        button name="go" value="replay" { "Replay selected" }
+                    }
                 }
             }
+        } @else {
+            (jobs_table(&page.jobs, None))
         }
         (next_link("/console/dead", &f, &page.next))
     };
@@ -321,9 +321,7 @@ pub async fn replay_selected(
     headers: HeaderMap,
     body: axum::body::Bytes,
 ) -> PageResult<Response> {
-    session.may(Action::Operate)?;
-    let f = Fields::parse(&body);
-    session.check_write(&headers, &f)?;
+    let f = session.operator_form(&headers, &body)?;
     let reason = f.need("reason")?;
     let ids = f
         .all("job")
