@@ -276,7 +276,7 @@ proptest! {
         let mut now = start;
         let new = NewJob {
             queue: "q".into(), kind: "k".into(), job_key: Some("key".into()), payload: json!({"a": 1}),
-            priority: 0, run_at: None, delay_ms: None, policy: Some(policy.clone()),
+            priority: 0, run_at: None, delay_ms: None, policy: Some(policy.clone()), concurrency_key: None, unique_for_ms: None,
         };
         let first = decide_enqueue(uuid::Uuid::now_v7(), 7, &new, &policy, &Ctx { now, actor: "api".into(), jitter });
         let mut job = apply(None, &first).unwrap();
@@ -349,7 +349,7 @@ proptest! {
     ) {
         let new = NewJob {
             queue: "q".into(), kind: "k".into(), job_key: key, payload: json!({"n": n, "f": f, "t": text, "z": [1, {"b": 2, "a": null}]}),
-            priority: 0, run_at: None, delay_ms: None, policy: None,
+            priority: 0, run_at: None, delay_ms: None, policy: None, concurrency_key: None, unique_for_ms: None,
         };
         let ctx = Ctx { now: Utc::now(), actor, jitter: 0.5 };
         let ev = decide_enqueue(uuid::Uuid::now_v7(), 3, &new, &Policy::default(), &ctx);

@@ -215,6 +215,8 @@ fn new_job(kind: &str) -> NewJob {
         run_at: None,
         delay_ms: None,
         policy: None,
+        concurrency_key: None,
+        unique_for_ms: None,
     }
 }
 

@@ -128,6 +128,13 @@ pub enum Cmd {
         priority: i16,
         #[command(flatten)]
         policy: PolicyArgs,
+        /// Jobs of the queue with the same key share a concurrency limit's slots.
+        #[arg(long)]
+        concurrency_key: Option<String>,
+        /// With --key: how long the key names this job; after it, a finished
+        /// job gives way to a new lifecycle (docs/admission.md).
+        #[arg(long, value_parser = parse::duration, requires = "key")]
+        unique_for: Option<std::time::Duration>,
     },
     /// Claim due jobs (and take over expired leases under the reconcile policy).
     Claim {
@@ -300,6 +307,12 @@ pub enum Cmd {
         #[command(subcommand)]
         action: QueueCmd,
     },
+    /// Periodic schedules: `create NAME --cron EXPR --queue Q --kind K`,
+    /// `list`, `pause`, `resume`, `delete`, `history` (docs/admission.md).
+    Schedule {
+        #[command(subcommand)]
+        action: crate::cli::schedules::ScheduleCmd,
+    },
     /// Workflows: `create @spec.json` (a JSON DAG of steps), `show PARENT`,
     /// `cancel PARENT`, `release-hold STEP` (docs/state-machine.md).
     Workflow {
@@ -417,6 +430,9 @@ pub enum Cmd {
         /// Do not run the sweeper in this process.
         #[arg(long)]
         no_sweeper: bool,
+        /// Do not run the scheduler (periodic schedules) in this process.
+        #[arg(long)]
+        no_scheduler: bool,
     },
     /// Throughput and latency figures (JSON lines), in a throwaway database.
     Bench {
@@ -502,8 +518,54 @@ pub enum QueueCmd {
         #[arg(long)]
         operator: String,
     },
-    /// Every queue ever paused, with its state.
+    /// Cap how many jobs with the same concurrency key are leased at once.
+    Limit {
+        queue: String,
+        /// The limit's name (setting it again changes it).
+        name: String,
+        #[arg(long)]
+        max: i32,
+        /// Only jobs of this kind.
+        #[arg(long)]
+        kind: Option<String>,
+        /// Only keys matching this glob (`*`, `?`).
+        #[arg(long)]
+        key: Option<String>,
+        #[command(flatten)]
+        who: Who,
+    },
+    Unlimit {
+        queue: String,
+        name: String,
+        #[command(flatten)]
+        who: Who,
+    },
+    /// At most --max claims per --per across every worker.
+    Rate {
+        queue: String,
+        #[arg(long)]
+        max: i32,
+        #[arg(long, value_parser = parse::lease)]
+        per: std::time::Duration,
+        #[command(flatten)]
+        who: Who,
+    },
+    Unrate {
+        queue: String,
+        #[command(flatten)]
+        who: Who,
+    },
+    /// Every queue ever controlled, with its state.
     List,
     /// A queue's pauses and resumes, oldest first.
     History { queue: String },
+}
+
+/// Who changes a control and why (recorded in its stream).
+#[derive(Args, Debug, Clone)]
+pub struct Who {
+    #[arg(long, env = "JOBLEDGER_OPERATOR")]
+    pub operator: String,
+    #[arg(long)]
+    pub reason: String,
 }

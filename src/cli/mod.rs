@@ -6,5 +6,6 @@ pub mod projections;
 pub mod queues;
 pub mod reads;
 pub mod run;
+pub mod schedules;
 pub mod services;
 pub mod workflow;

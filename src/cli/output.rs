@@ -55,6 +55,8 @@ pub fn job_json(j: &Job) -> Value {
         "holder": j.holder, "step": j.step, "receipt_id": j.receipt_id,
         "receipt_deadline": t(j.receipt_deadline), "result": j.result, "last_error": j.last_error,
         "payload": j.payload, "version": j.version,
+        "concurrency_key": j.admission.as_ref().and_then(|a| a.concurrency_key.clone()),
+        "unique_until": t(j.admission.as_ref().and_then(|a| a.unique_until)),
         "created_at": fmt_time(j.created_at), "updated_at": fmt_time(j.updated_at),
     })
 }

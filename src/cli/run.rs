@@ -104,6 +104,7 @@ pub async fn run(cli: Cli) -> Result<i32> {
         }
         Cmd::Token { action } => tokens(&ledger, action).await,
         Cmd::Queue { action } => super::queues::run(&ledger, action).await,
+        Cmd::Schedule { action } => super::schedules::run(&ledger, action).await,
         Cmd::Relay { .. }
         | Cmd::Worker { .. }
         | Cmd::Consume { .. }
@@ -166,6 +167,8 @@ async fn enqueue(ledger: &Ledger, cli: &Cli) -> Result<i32> {
             run_at,
             priority,
             policy,
+            concurrency_key,
+            unique_for,
         } => {
             let new = NewJob {
                 queue: queue.clone(),
@@ -176,6 +179,8 @@ async fn enqueue(ledger: &Ledger, cli: &Cli) -> Result<i32> {
                 run_at: *run_at,
                 delay_ms: delay.map(ms),
                 policy: policy.to_policy(),
+                concurrency_key: concurrency_key.clone(),
+                unique_for_ms: unique_for.map(ms),
             };
             let e = ledger.enqueue(new).await?;
             line(&output::enqueued_json(&e));

@@ -86,6 +86,7 @@ async fn worker(ledger: Ledger, cli: &Cli) -> Result<i32> {
             metrics_addr,
             name,
             no_sweeper,
+            no_scheduler,
         } => {
             if let Some(addr) = metrics_addr {
                 jobledger::worker::metrics::serve_prometheus(*addr).map_err(anyhow::Error::msg)?;
@@ -98,7 +99,8 @@ async fn worker(ledger: Ledger, cli: &Cli) -> Result<i32> {
                 .heartbeat_every(*heartbeat)
                 .poll_every(*poll)
                 .drain_timeout(*drain_timeout)
-                .sweeper((!no_sweeper).then_some(Duration::from_secs(1)));
+                .sweeper((!no_sweeper).then_some(Duration::from_secs(1)))
+                .scheduler((!no_scheduler).then_some(Duration::from_secs(1)));
             for q in queue {
                 b = b.queue(q);
             }

@@ -68,7 +68,9 @@ pub async fn shown(ledger: &Ledger, j: &Job) -> Result<Value> {
         }
         None => {}
     }
-    // Why a due job has not started: its queue is paused.
+    // Why a due job has not started: its queue is paused, rate-limited,
+    // or its concurrency key holds every slot its limit gives.
+    let mut waits = ledger.admission_waits(j).await?;
     if j.state == jobledger::domain::JobState::Queued {
         let q = ledger.queue_status(&j.queue).await?;
         if q.paused {
@@ -78,11 +80,12 @@ pub async fn shown(ledger: &Ledger, j: &Job) -> Result<Value> {
                 .unwrap_or_default();
             let by = q.paused_by.unwrap_or_default();
             let why = q.reason.unwrap_or_default();
-            o.insert(
-                "waiting_because".into(),
-                json!(format!("queue paused since {since} by {by}: {why}")),
-            );
+            waits.insert(0, format!("queue paused since {since} by {by}: {why}"));
         }
+    }
+    if let Some(first) = waits.first() {
+        o.insert("waiting_because".into(), json!(first));
+        o.insert("waiting_because_all".into(), json!(waits));
     }
     Ok(v)
 }

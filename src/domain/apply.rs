@@ -363,6 +363,7 @@ fn first(ev: &Event) -> Result<Job, ApplyError> {
         run_at,
         policy,
         workflow,
+        admission,
     } = &ev.body
     else {
         return Err(ApplyError::MissingEnqueue(ev.body.type_name()));
@@ -421,5 +422,6 @@ fn first(ev: &Event) -> Result<Job, ApplyError> {
         version: 1,
         last_hash: ev.hash.clone(),
         workflow: workflow.map(WorkflowTie::membership),
+        admission: admission.clone(),
     })
 }

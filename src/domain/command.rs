@@ -193,6 +193,11 @@ pub struct NewJob {
     pub delay_ms: Option<i64>,
     /// `None`: the policy registered for the job's (queue, kind), else the default.
     pub policy: Option<Policy>,
+    /// Jobs of the queue with the same key share a concurrency limit's slots.
+    pub concurrency_key: Option<String>,
+    /// With a `job_key`: how long the key names this job (see
+    /// docs/admission.md); `None`, as before, until the job is purged.
+    pub unique_for_ms: Option<i64>,
 }
 
 /// Facts from outside the pure function: the database clock, who acts, and a

@@ -5,6 +5,7 @@ use chrono::Duration;
 use serde_json::{json, Value};
 use uuid::Uuid;
 
+use super::admission::Admission;
 use super::command::{Command, Ctx, Fence, NewJob, Rejection};
 use super::digest::{digest, event_hash, fmt_time, to_micros};
 use super::event::{Event, EventBody};
@@ -114,12 +115,23 @@ pub fn decide_enqueue_tied(
             run_at,
             policy: policy.clone(),
             workflow: tie.cloned().map(Box::new),
+            admission: admission_of(new, ctx),
         },
         prev_hash: None,
         hash: String::new(),
     };
     ev.hash = event_hash(&ev);
     ev
+}
+
+/// The terms a new job carries: its key, and the end of its window by
+/// the clock of its enqueue.
+fn admission_of(new: &NewJob, ctx: &Ctx) -> Option<Admission> {
+    let a = Admission {
+        concurrency_key: new.concurrency_key.clone(),
+        unique_until: new.unique_for_ms.map(|ms| later(ctx, ms)),
+    };
+    (!a.is_empty()).then_some(a)
 }
 
 pub fn decide(job: &Job, cmd: &Command, ctx: &Ctx) -> Result<Event, Rejection> {

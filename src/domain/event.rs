@@ -5,6 +5,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use uuid::Uuid;
 
+use super::admission::Admission;
 use super::model::{ErrorClass, JobState, NextAction, Policy, ReceiptStatus};
 use super::reason::Reason;
 use super::workflow::{StepStatus, WorkflowTie};
@@ -27,6 +28,10 @@ pub enum EventBody {
         /// their hashes) are exactly what they were before workflows.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         workflow: Option<Box<WorkflowTie>>,
+        /// Absent for a job with no concurrency key and no uniqueness
+        /// window (issue 13), for the same reason.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        admission: Option<Admission>,
     },
     Claimed {
         holder: String,

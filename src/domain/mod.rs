@@ -2,6 +2,7 @@
 //! functions. No I/O here; everything else calls into it, and `verify` replays
 //! the log through it.
 
+pub mod admission;
 pub mod apply;
 pub mod command;
 pub mod decide;
@@ -12,6 +13,7 @@ pub mod model;
 mod operator;
 pub mod queue;
 pub mod reason;
+pub mod schedule;
 mod steps;
 pub mod workflow;
 

@@ -218,4 +218,7 @@ pub struct Job {
     pub last_hash: String,
     /// A workflow's parent or one of its steps (from the `enqueued` event).
     pub workflow: Option<Membership>,
+    /// Its concurrency key and uniqueness window (from the `enqueued` event).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub admission: Option<super::admission::Admission>,
 }

@@ -121,7 +121,7 @@ impl Ledger {
         .await
     }
 
-    async fn enqueue_drafts_in(
+    pub(super) async fn enqueue_drafts_in(
         &self,
         conn: &mut PgConnection,
         items: Vec<(NewJob, Option<(Uuid, WorkflowTie)>)>,
@@ -205,19 +205,72 @@ pub(crate) async fn insert_drafts(
             });
             continue;
         }
-        out.push(existing_for(conn, &job).await?);
+        out.push(existing_or_next(conn, ev, job, actor).await?);
     }
     Ok(out)
 }
 
+/// A draft whose key names a job already: that job, or, when the job's
+/// uniqueness window has ended and it has finished, a new lifecycle of the
+/// key — the finished one is retired exactly as `purge` retires a job (its
+/// events stay; a tombstone answers `stale` to its lifecycle; the key's
+/// epoch floor rises), in one transaction (a savepoint inside the
+/// caller's) with the new job's insert. A job still open keeps its key:
+/// one key never names two open jobs.
+async fn existing_or_next(
+    conn: &mut PgConnection,
+    ev: crate::domain::Event,
+    job: Job,
+    actor: &str,
+) -> LedgerResult<Enqueued> {
+    use sqlx::Connection;
+    for _ in 0..3 {
+        let key = job.job_key.as_deref().expect("only keyed jobs conflict");
+        let Some(row) = jobs::find_job_by_key(&mut *conn, &job.queue, key).await? else {
+            // Retired by a concurrent enqueue between our insert and now.
+            if let Some(done) = insert_one(conn, &ev, &job).await? {
+                return Ok(done);
+            }
+            continue;
+        };
+        let existing = Job::try_from(row)?;
+        let ended = existing
+            .admission
+            .as_ref()
+            .and_then(|a| a.unique_until)
+            .is_some_and(|until| until <= job.created_at);
+        if !(ended && existing.state.is_terminal() && existing.workflow.is_none()) {
+            return same_or_conflict(existing, &job);
+        }
+        let mut sp = conn.begin().await?;
+        let locked = jobs::lock_jobs(&mut sp, &[existing.job_id]).await?;
+        let retire = |_: &Job| crate::domain::Command::Purge;
+        // Boxed: a fan-in enqueued by `follow` may come back here.
+        let by = format!("unique-window:{actor}");
+        Box::pin(super::engine::decide_and_write(&mut sp, locked, &by, retire)).await?;
+        let done = insert_one(&mut sp, &ev, &job).await?;
+        sp.commit().await?;
+        if let Some(done) = done {
+            return Ok(done);
+        }
+    }
+    Err(StoreError::Corrupt("a key's lifecycle changed hands three times during one enqueue".into()).into())
+}
+
+/// Inserts one decided job; None when its key names a job (again).
+async fn insert_one(conn: &mut PgConnection, ev: &crate::domain::Event, job: &Job) -> LedgerResult<Option<Enqueued>> {
+    let at = jobs::insert_new_jobs(conn, vec![JobRow::from(job)], vec![EventRow::from(ev)]).await?;
+    Ok(at.first().map(|(_, position)| Enqueued {
+        job: job.clone(),
+        created: true,
+        position: Some(*position),
+    }))
+}
+
 /// The job already holding this key: the same request gets it back; a
 /// different payload under the same key is an error, never a second job.
-async fn existing_for(conn: &mut PgConnection, job: &Job) -> LedgerResult<Enqueued> {
+fn same_or_conflict(existing: Job, job: &Job) -> LedgerResult<Enqueued> {
     let key = job.job_key.as_deref().expect("only keyed jobs conflict");
-    let row = jobs::find_job_by_key(&mut *conn, &job.queue, key)
-        .await?
-        .ok_or_else(|| StoreError::Corrupt(format!("key {key} conflicted but no job holds it")))?;
-    let existing = Job::try_from(row)?;
     if existing.payload_digest != job.payload_digest || existing.kind != job.kind {
         return Err(LedgerError::KeyConflict {
             queue: job.queue.clone(),
@@ -251,6 +304,19 @@ impl Ledger {
         l.json("payload", &n.payload)?;
         if let Some(p) = &n.policy {
             check_policy(p)?;
+        }
+        if let Some(k) = &n.concurrency_key {
+            l.name("concurrency key", k)?;
+            super::validate::typed("concurrency key", k)?;
+        }
+        match n.unique_for_ms {
+            Some(_) if n.job_key.is_none() => {
+                return Err(LedgerError::BadInput("a uniqueness window needs a job key".into()))
+            }
+            Some(ms) if !(1..=MAX_DELAY_MS).contains(&ms) => {
+                return Err(LedgerError::BadInput("a uniqueness window must be from 1 ms to 100 years".into()))
+            }
+            _ => {}
         }
         if n.delay_ms.is_some_and(|d| d < 0) {
             return Err(LedgerError::BadInput("delay must not be negative".into()));

@@ -325,6 +325,8 @@ async fn fan_in_if_due(conn: &mut PgConnection, parent: &Job) -> LedgerResult<()
         run_at: None,
         delay_ms: None,
         policy: f.policy.clone(),
+        concurrency_key: None,
+        unique_for_ms: None,
     };
     let tie = WorkflowTie::Step(StepLink {
         parent: parent.job_id,

@@ -1,6 +1,7 @@
 //! The ledger service: what a Rust service calls. Every write goes through
 //! `engine`, which runs the pure state machine under the job's row lock.
 
+mod admission;
 mod engine;
 mod enqueue;
 mod error;
@@ -8,6 +9,7 @@ mod follow;
 mod lease;
 pub mod narrative;
 mod ops;
+pub mod schedules;
 pub mod queues;
 pub mod search;
 pub mod timeline;

@@ -55,6 +55,15 @@ impl Ledger {
         };
         let mut tx = self.pool.begin().await?;
         let locked = jobs::lock_claimable(&mut tx, queue, holder, limit).await?;
+        if locked.is_empty() {
+            drop(tx);
+            // Nothing claimable, or a queue with controls (docs/admission.md).
+            let (paused, limited) = crate::store::admission::queue_is_controlled(&self.pool, queue).await?;
+            if limited && !paused {
+                return self.claim_limited(queue, holder, lease_ms, limit).await;
+            }
+            return Ok(vec![]);
+        }
         let results = decide_and_write(&mut tx, locked, holder, cmd).await?;
         tx.commit().await?;
         Ok(results

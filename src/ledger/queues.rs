@@ -11,7 +11,11 @@ use chrono::{DateTime, Utc};
 use super::error::{LedgerError, LedgerResult};
 use super::validate::typed;
 use super::Ledger;
-use crate::domain::queue::{apply_queue, decide_queue, Pause, QueueAction, QueueControl, QueueEvent};
+use crate::domain::admission::{ConcurrencyLimit, RateLimit};
+use crate::domain::queue::{
+    apply_queue, decide_queue, Pause, QueueAction, QueueCommand, QueueControl, QueueEvent, QueueRefusal,
+};
+use std::collections::BTreeMap;
 use crate::store::queues::{self, QueueEventRow, QueueRow};
 
 /// A queue's controls as `queue list` and the API show them.
@@ -22,20 +26,59 @@ pub struct QueueStatus {
     pub paused_at: Option<DateTime<Utc>>,
     pub paused_by: Option<String>,
     pub reason: Option<String>,
+    /// Concurrency limits by name.
+    pub limits: BTreeMap<String, ConcurrencyLimit>,
+    pub rate: Option<RateLimit>,
     pub version: i64,
 }
 
-impl From<QueueRow> for QueueStatus {
-    fn from(r: QueueRow) -> Self {
-        QueueStatus {
+impl TryFrom<QueueRow> for QueueStatus {
+    type Error = LedgerError;
+
+    fn try_from(r: QueueRow) -> LedgerResult<Self> {
+        let (limits, rate) = terms_of(&r)?;
+        Ok(QueueStatus {
             queue: r.queue,
             paused: r.paused,
             paused_at: r.paused_at,
             paused_by: r.paused_by,
             reason: r.reason,
+            limits,
+            rate,
             version: r.version,
-        }
+        })
     }
+}
+
+type Terms = (BTreeMap<String, ConcurrencyLimit>, Option<RateLimit>);
+
+fn terms_of(r: &QueueRow) -> LedgerResult<Terms> {
+    let corrupt = |e: serde_json::Error| crate::store::StoreError::Corrupt(format!("queue {:?} limits: {e}", r.queue));
+    let limits = serde_json::from_value(r.limits.clone()).map_err(corrupt)?;
+    let rate = r.rate.clone().map(serde_json::from_value).transpose().map_err(corrupt)?;
+    Ok((limits, rate))
+}
+
+fn control_of(queue: &str, row: Option<&QueueRow>) -> LedgerResult<QueueControl> {
+    let Some(r) = row else {
+        return Ok(QueueControl {
+            queue: queue.into(),
+            ..Default::default()
+        });
+    };
+    let (limits, rate) = terms_of(r)?;
+    Ok(QueueControl {
+        queue: queue.into(),
+        paused: r.paused.then(|| Pause {
+            since: r.paused_at.unwrap_or_default(),
+            by: r.paused_by.clone().unwrap_or_default(),
+            reason: r.reason.clone().unwrap_or_default(),
+        }),
+        limits,
+        rate,
+        version: r.version,
+        last_hash: Some(r.last_hash.clone()),
+    })
 }
 
 /// The answer to a pause or resume.
@@ -55,6 +98,7 @@ fn to_event(r: QueueEventRow) -> LedgerResult<QueueEvent> {
         version: r.version,
         actor: r.actor,
         reason: r.reason,
+        data: r.data,
         recorded_at: r.recorded_at,
         prev_hash: r.prev_hash,
         hash: r.hash,
@@ -68,6 +112,8 @@ fn never_paused(queue: &str) -> QueueStatus {
         paused_at: None,
         paused_by: None,
         reason: None,
+        limits: BTreeMap::new(),
+        rate: None,
         version: 0,
     }
 }
@@ -75,20 +121,81 @@ fn never_paused(queue: &str) -> QueueStatus {
 impl Ledger {
     /// Pauses `queue` (recorded with `operator` and `reason`).
     pub async fn pause_queue(&self, queue: &str, operator: &str, reason: &str) -> LedgerResult<QueueChange> {
-        self.control_queue(queue, QueueAction::Pause, operator, reason)
+        self.control_queue(queue, QueueCommand::Pause, operator, reason)
             .await
     }
 
     /// Resumes `queue` (recorded with `operator` and `reason`).
     pub async fn resume_queue(&self, queue: &str, operator: &str, reason: &str) -> LedgerResult<QueueChange> {
-        self.control_queue(queue, QueueAction::Resume, operator, reason)
+        self.control_queue(queue, QueueCommand::Resume, operator, reason)
+            .await
+    }
+
+    /// Sets (or changes) the concurrency limit `name` of `queue`: at most
+    /// `max` of its jobs with the same concurrency key leased at once, for
+    /// jobs of `kind` (any if None) whose key matches the glob `key` (any
+    /// if None). Recorded with `operator` and `reason`.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn set_concurrency_limit(
+        &self,
+        queue: &str,
+        name: &str,
+        kind: Option<&str>,
+        key: Option<&str>,
+        max: i32,
+        operator: &str,
+        reason: &str,
+    ) -> LedgerResult<QueueChange> {
+        self.limits.name("limit name", name)?;
+        typed("limit name", name)?;
+        if let Some(k) = kind {
+            self.limits.name("kind", k)?;
+        }
+        if let Some(k) = key {
+            self.limits.name("key pattern", k)?;
+        }
+        let limit = ConcurrencyLimit::new(kind.map(Into::into), key.map(Into::into), max);
+        let cmd = QueueCommand::SetLimit {
+            name: name.into(),
+            limit,
+        };
+        self.control_queue(queue, cmd, operator, reason).await
+    }
+
+    pub async fn remove_concurrency_limit(
+        &self,
+        queue: &str,
+        name: &str,
+        operator: &str,
+        reason: &str,
+    ) -> LedgerResult<QueueChange> {
+        let cmd = QueueCommand::RemoveLimit { name: name.into() };
+        self.control_queue(queue, cmd, operator, reason).await
+    }
+
+    /// At most `max` claims from `queue` in any window of `per`.
+    pub async fn set_rate_limit(
+        &self,
+        queue: &str,
+        max: i32,
+        per: std::time::Duration,
+        operator: &str,
+        reason: &str,
+    ) -> LedgerResult<QueueChange> {
+        let per_ms = i64::try_from(per.as_millis()).unwrap_or(i64::MAX);
+        let cmd = QueueCommand::SetRate(RateLimit { max, per_ms });
+        self.control_queue(queue, cmd, operator, reason).await
+    }
+
+    pub async fn remove_rate_limit(&self, queue: &str, operator: &str, reason: &str) -> LedgerResult<QueueChange> {
+        self.control_queue(queue, QueueCommand::RemoveRate, operator, reason)
             .await
     }
 
     async fn control_queue(
         &self,
         queue: &str,
-        action: QueueAction,
+        cmd: QueueCommand,
         operator: &str,
         reason: &str,
     ) -> LedgerResult<QueueChange> {
@@ -99,29 +206,24 @@ impl Ledger {
         self.limits.text("reason", reason)?;
         let mut tx = self.pool.begin().await?;
         let row = queues::lock_queue(&mut tx, queue).await?;
-        let current = QueueControl {
-            queue: queue.into(),
-            paused: row.as_ref().filter(|r| r.paused).map(|r| Pause {
-                since: r.paused_at.unwrap_or_default(),
-                by: r.paused_by.clone().unwrap_or_default(),
-                reason: r.reason.clone().unwrap_or_default(),
-            }),
-            version: row.as_ref().map_or(0, |r| r.version),
-            last_hash: row.as_ref().map(|r| r.last_hash.clone()),
-        };
+        let current = control_of(queue, row.as_ref())?;
         let now = queues::the_clock(&mut tx).await?;
-        let e = match decide_queue(&current, action, operator, reason, now) {
+        let e = match decide_queue(&current, &cmd, operator, reason, now) {
             Ok(e) => e,
             // From the row this transaction holds: asking the pool here
             // would wait on a connection that waits on this lock.
-            Err(crate::domain::queue::QueueRefusal::Already(why)) => {
-                let status = row.map_or_else(|| never_paused(queue), QueueStatus::from);
+            Err(QueueRefusal::Already(why)) => {
+                let status = match row {
+                    Some(r) => r.try_into()?,
+                    None => never_paused(queue),
+                };
                 return Ok(QueueChange {
                     changed: false,
                     status,
                     detail: Some(why.into()),
                 });
             }
+            Err(QueueRefusal::Invalid(why)) => return Err(LedgerError::BadInput(why)),
         };
         let next = apply_queue(&current, &e).map_err(LedgerError::BadInput)?;
         let row = QueueEventRow {
@@ -130,11 +232,19 @@ impl Ledger {
             action: e.action.as_str().into(),
             actor: e.actor.clone(),
             reason: e.reason.clone(),
+            data: e.data.clone(),
             recorded_at: e.recorded_at,
             prev_hash: e.prev_hash.clone(),
             hash: e.hash.clone(),
         };
-        queues::append_queue_event(&mut tx, &row, next.paused.is_some()).await?;
+        let limits = serde_json::to_value(&next.limits).expect("limits serialise");
+        let rate = next.rate.map(|r| serde_json::to_value(r).expect("rate serialises"));
+        let st = queues::QueueStateRow {
+            paused: next.paused.is_some(),
+            limits: &limits,
+            rate: rate.as_ref(),
+        };
+        queues::append_queue_event(&mut tx, &row, st).await?;
         tx.commit().await?;
         Ok(QueueChange {
             changed: true,
@@ -146,7 +256,7 @@ impl Ledger {
     /// The queue's controls (never paused: not paused, version 0).
     pub async fn queue_status(&self, queue: &str) -> LedgerResult<QueueStatus> {
         Ok(match queues::queue_state(&self.pool, queue).await? {
-            Some(r) => r.into(),
+            Some(r) => r.try_into()?,
             None => never_paused(queue),
         })
     }
@@ -156,8 +266,8 @@ impl Ledger {
         Ok(queues::controlled_queues(&self.pool)
             .await?
             .into_iter()
-            .map(Into::into)
-            .collect())
+            .map(TryInto::try_into)
+            .collect::<LedgerResult<_>>()?)
     }
 
     /// A queue's pauses and resumes, oldest first.
@@ -190,7 +300,8 @@ impl Ledger {
         for row in queues::controlled_queues(&mut *conn).await? {
             let f = folded.remove(&row.queue).unwrap_or_default();
             let p = f.paused.as_ref();
-            let same = f.version == row.version
+            let same = control_of(&row.queue, Some(&row)).is_ok_and(|c| c.limits == f.limits && c.rate == f.rate)
+                && f.version == row.version
                 && f.paused.is_some() == row.paused
                 && f.last_hash.as_deref() == Some(row.last_hash.as_str())
                 && p.map(|p| p.since) == row.paused_at

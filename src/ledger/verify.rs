@@ -82,6 +82,9 @@ impl Ledger {
         for detail in self.verify_queues_in(&mut tx).await? {
             report.problems.push(problem(Uuid::nil(), None, None, detail));
         }
+        for detail in self.verify_schedules_in(&mut tx).await? {
+            report.problems.push(problem(Uuid::nil(), None, None, detail));
+        }
         Ok(report)
     }
 }

@@ -105,6 +105,8 @@ impl Ledger {
                 run_at: None,
                 delay_ms: None,
                 policy: f.policy.clone(),
+                concurrency_key: None,
+                unique_for_ms: None,
             })?;
         }
         self.keys_are_free(conn, spec).await?;
@@ -423,6 +425,8 @@ fn parent_job(spec: &WorkflowSpec) -> NewJob {
         // A parent is never claimed; a fixed policy keeps it from picking
         // up a kind policy registered for its name.
         policy: Some(Policy::default()),
+        concurrency_key: None,
+        unique_for_ms: None,
     }
 }
 
@@ -437,6 +441,8 @@ fn step_job(spec: &WorkflowSpec, i: usize) -> NewJob {
         run_at: None,
         delay_ms: None,
         policy: s.policy.clone(),
+        concurrency_key: None,
+        unique_for_ms: None,
     }
 }
 

@@ -43,6 +43,10 @@ pub struct EnqueueBody {
     priority: i16,
     delay_ms: Option<i64>,
     run_at: Option<chrono::DateTime<chrono::Utc>>,
+    /// Jobs of the queue with the same key share a concurrency limit's slots.
+    concurrency_key: Option<String>,
+    /// With `key`: how long the key names this job (docs/admission.md).
+    unique_for_ms: Option<i64>,
 }
 
 /// Enqueues one job; idempotent by (queue, key).
@@ -82,6 +86,8 @@ impl EnqueueBody {
             run_at: self.run_at,
             delay_ms: self.delay_ms,
             policy: None,
+            concurrency_key: self.concurrency_key,
+            unique_for_ms: self.unique_for_ms,
         })
     }
 }

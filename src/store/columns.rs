@@ -39,6 +39,7 @@ pub const JOB_TYPES: &[&str] = &[
     "int8",
     "text",
     "jsonb",
+    "jsonb",
 ];
 
 pub const EVENT_TYPES: &[&str] = &[
@@ -101,6 +102,7 @@ pub struct JobArrays {
     pub version: Vec<i64>,
     pub last_hash: Vec<String>,
     pub workflow: Vec<Option<Value>>,
+    pub admission: Vec<Option<Value>>,
 }
 
 impl JobArrays {
@@ -136,6 +138,7 @@ impl JobArrays {
             a.version.push(r.version);
             a.last_hash.push(r.last_hash);
             a.workflow.push(r.workflow);
+            a.admission.push(r.admission);
         }
         a
     }
@@ -174,6 +177,7 @@ impl JobArrays {
             .bind(self.version)
             .bind(self.last_hash)
             .bind(self.workflow)
+            .bind(self.admission)
     }
 }
 

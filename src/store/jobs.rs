@@ -80,6 +80,9 @@ pub async fn lock_jobs_skip_locked(conn: &mut PgConnection, ids: &[Uuid]) -> Sto
     Ok(sqlx::query_as(&sql).bind(ids).fetch_all(conn).await?)
 }
 
+/// A queue whose row says this takes the limited path (`store::admission`).
+const CONTROLLED: &str = "(c.paused OR c.limits <> '{}' OR c.rate IS NOT NULL)";
+
 /// What a claim takes, in one statement: expired leases whose kind's policy
 /// is reconcile (taken over) first, then due queued jobs (highest priority,
 /// i.e. lowest number, then oldest); each locked `SKIP LOCKED`. The second
@@ -101,13 +104,13 @@ pub async fn lock_claimable(
         "WITH expired AS ( \
             SELECT {JOB_COLUMNS}, 0 AS pick FROM jobledger.jobs \
             WHERE queue = $1 AND state IN ('leased', 'cancel_requested') AND lease_until <= now() \
-              AND NOT EXISTS (SELECT 1 FROM jobledger.queues c WHERE c.queue = $1 AND c.paused) \
+              AND NOT EXISTS (SELECT 1 FROM jobledger.queues c WHERE c.queue = $1 AND {CONTROLLED}) \
               AND policy ->> 'on_lease_expiry' = 'reconcile' AND holder IS DISTINCT FROM $3 \
             ORDER BY lease_until LIMIT $2 FOR UPDATE SKIP LOCKED), \
          due AS ( \
             SELECT {JOB_COLUMNS}, 1 AS pick FROM jobledger.jobs \
             WHERE queue = $1 AND state = 'queued' AND run_at <= now() \
-              AND NOT EXISTS (SELECT 1 FROM jobledger.queues c WHERE c.queue = $1 AND c.paused) \
+              AND NOT EXISTS (SELECT 1 FROM jobledger.queues c WHERE c.queue = $1 AND {CONTROLLED}) \
             ORDER BY priority, run_at LIMIT $2 FOR UPDATE SKIP LOCKED), \
          picked AS (SELECT * FROM (SELECT * FROM expired UNION ALL SELECT * FROM due) p ORDER BY pick LIMIT $2) \
          SELECT {JOB_COLUMNS}, clock_timestamp() AS db_now FROM picked ORDER BY job_id"

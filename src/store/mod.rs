@@ -4,6 +4,7 @@
 //! connection, or the caller's transaction); functions that need a row lock
 //! take `&mut PgConnection`, which a caller's `Transaction` derefs to.
 
+pub mod admission;
 pub mod audit;
 pub mod columns;
 pub mod events;
@@ -15,6 +16,7 @@ pub mod queues;
 pub mod readers;
 pub mod rejections;
 pub mod rows;
+pub mod schedules;
 pub mod schema;
 pub mod search;
 pub mod tokens;

@@ -2,6 +2,7 @@
 //! state it leaves (migration 20261202000007).
 
 use chrono::{DateTime, Utc};
+use serde_json::Value;
 use sqlx::{PgConnection, PgExecutor};
 
 use super::StoreResult;
@@ -13,6 +14,7 @@ pub struct QueueEventRow {
     pub action: String,
     pub actor: String,
     pub reason: String,
+    pub data: Option<Value>,
     pub recorded_at: DateTime<Utc>,
     pub prev_hash: Option<String>,
     pub hash: String,
@@ -27,6 +29,8 @@ pub struct QueueRow {
     pub reason: Option<String>,
     pub version: i64,
     pub last_hash: String,
+    pub limits: Value,
+    pub rate: Option<Value>,
 }
 
 /// The queue's state, locked (pauses and resumes of one queue serialise).
@@ -51,36 +55,51 @@ pub async fn the_clock(conn: &mut PgConnection) -> StoreResult<DateTime<Utc>> {
         .await?)
 }
 
+/// The state a queue's events leave, as `append_queue_event` writes it.
+pub struct QueueStateRow<'a> {
+    pub paused: bool,
+    pub limits: &'a Value,
+    pub rate: Option<&'a Value>,
+}
+
 /// Appends the event and writes the state it leaves.
-pub async fn append_queue_event(conn: &mut PgConnection, e: &QueueEventRow, paused: bool) -> StoreResult<()> {
+pub async fn append_queue_event(conn: &mut PgConnection, e: &QueueEventRow, st: QueueStateRow<'_>) -> StoreResult<()> {
     sqlx::query(
-        "INSERT INTO jobledger.queue_events (queue, version, action, actor, reason, recorded_at, prev_hash, hash) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+        "INSERT INTO jobledger.queue_events (queue, version, action, actor, reason, data, recorded_at, prev_hash, hash) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
     )
     .bind(&e.queue)
     .bind(e.version)
     .bind(&e.action)
     .bind(&e.actor)
     .bind(&e.reason)
+    .bind(&e.data)
     .bind(e.recorded_at)
     .bind(&e.prev_hash)
     .bind(&e.hash)
     .execute(&mut *conn)
     .await?;
+    // A pause's who/when/why stays while the queue is paused, whatever
+    // else changes meanwhile (a limit set during a pause).
     sqlx::query(
-        "INSERT INTO jobledger.queues (queue, paused, paused_at, paused_by, reason, version, last_hash) \
-         VALUES ($1, $2, CASE WHEN $2 THEN $3 END, CASE WHEN $2 THEN $4 END, CASE WHEN $2 THEN $5 END, $6, $7) \
-         ON CONFLICT (queue) DO UPDATE SET paused = EXCLUDED.paused, paused_at = EXCLUDED.paused_at, \
-           paused_by = EXCLUDED.paused_by, reason = EXCLUDED.reason, version = EXCLUDED.version, \
-           last_hash = EXCLUDED.last_hash",
+        "INSERT INTO jobledger.queues (queue, paused, paused_at, paused_by, reason, version, last_hash, limits, rate) \
+         VALUES ($1, $2, CASE WHEN $2 THEN $3 END, CASE WHEN $2 THEN $4 END, CASE WHEN $2 THEN $5 END, $6, $7, $8, $9) \
+         ON CONFLICT (queue) DO UPDATE SET paused = EXCLUDED.paused, \
+           paused_at = CASE WHEN $10 THEN EXCLUDED.paused_at ELSE queues.paused_at END, \
+           paused_by = CASE WHEN $10 THEN EXCLUDED.paused_by ELSE queues.paused_by END, \
+           reason = CASE WHEN $10 THEN EXCLUDED.reason ELSE queues.reason END, version = EXCLUDED.version, \
+           last_hash = EXCLUDED.last_hash, limits = EXCLUDED.limits, rate = EXCLUDED.rate",
     )
     .bind(&e.queue)
-    .bind(paused)
+    .bind(st.paused)
     .bind(e.recorded_at)
     .bind(&e.actor)
     .bind(&e.reason)
     .bind(e.version)
     .bind(&e.hash)
+    .bind(st.limits)
+    .bind(st.rate)
+    .bind(e.action == "paused" || e.action == "resumed")
     .execute(conn)
     .await?;
     Ok(())

@@ -11,7 +11,7 @@ use crate::domain::{Event, EventBody, Job, JobState, NextAction, Reason};
 
 pub const JOB_COLUMNS: &str = "job_id, queue, kind, job_key, epoch, token, run, attempt, state, priority, \
      payload, payload_digest, policy, run_at, lease_until, holder, next_action, step, receipt_id, \
-     receipt_deadline, result, release, last_error, reason, created_at, updated_at, version, last_hash, workflow";
+     receipt_deadline, result, release, last_error, reason, created_at, updated_at, version, last_hash, workflow, admission";
 
 pub const EVENT_COLUMNS: &str = "job_id, version, type, from_state, to_state, reason, error_class, actor, \
      epoch, token, attempt, run, data, recorded_at, prev_hash, hash";
@@ -47,6 +47,7 @@ pub struct JobRow {
     pub version: i64,
     pub last_hash: String,
     pub workflow: Option<Value>,
+    pub admission: Option<Value>,
 }
 
 fn corrupt(what: &str, value: &str) -> StoreError {
@@ -77,6 +78,7 @@ impl TryFrom<JobRow> for Job {
             release: from_json("release", r.release)?,
             last_error: from_json("last_error", r.last_error)?,
             workflow: from_json("workflow", r.workflow)?,
+            admission: from_json("admission", r.admission)?,
             job_id: r.job_id,
             queue: r.queue,
             kind: r.kind,
@@ -135,6 +137,7 @@ impl From<&Job> for JobRow {
             version: j.version,
             last_hash: j.last_hash.clone(),
             workflow: to_json(&j.workflow),
+            admission: to_json(&j.admission),
         }
     }
 }

@@ -37,6 +37,8 @@ fn job(queue: &str, i: usize) -> NewJob {
         run_at: None,
         delay_ms: None,
         policy: None,
+        concurrency_key: None,
+        unique_for_ms: None,
     }
 }
 

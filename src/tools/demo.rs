@@ -251,6 +251,8 @@ async fn enqueue_all(demo: &Demo, jobs: usize) -> Result<Vec<String>> {
             run_at: None,
             delay_ms: None,
             policy: Some(policy.clone()),
+            concurrency_key: None,
+            unique_for_ms: None,
         });
         keys.push(key);
     }

@@ -12,6 +12,7 @@ mod exec_procs;
 mod handler;
 pub mod metrics;
 mod runtime;
+mod scheduler;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -105,6 +106,7 @@ pub(crate) struct Config {
     pub poll: Duration,
     pub drain_timeout: Duration,
     pub sweep_every: Option<Duration>,
+    pub schedule_every: Option<Duration>,
     pub complete_batch: usize,
     pub hooks: Hooks,
 }
@@ -185,6 +187,12 @@ impl WorkerBuilder {
         self.cfg.sweep_every = every;
         self
     }
+    /// Scheduler tick; `None` runs no scheduler in this worker (one worker
+    /// process at a time holds the scheduler lease and fires schedules).
+    pub fn scheduler(mut self, every: Option<Duration>) -> Self {
+        self.cfg.schedule_every = every;
+        self
+    }
     pub fn complete_batch(mut self, n: usize) -> Self {
         self.cfg.complete_batch = n.max(1);
         self
@@ -240,6 +248,7 @@ impl Worker {
                 poll: Duration::from_millis(500),
                 drain_timeout: Duration::from_secs(30),
                 sweep_every: Some(Duration::from_secs(1)),
+                schedule_every: Some(Duration::from_secs(1)),
                 complete_batch: 256,
                 hooks: Hooks::default(),
             },

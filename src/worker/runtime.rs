@@ -83,6 +83,14 @@ pub(crate) async fn run(
             bg_stop.clone(),
         ));
     }
+    if let Some(every) = cfg.schedule_every {
+        bg.spawn(super::scheduler::schedule(
+            ledger.clone(),
+            every,
+            cfg.holder.clone(),
+            bg_stop.clone(),
+        ));
+    }
     let committer_task = tokio::spawn(committer::run(ledger.clone(), rx, cfg.complete_batch));
     let shared = Arc::new(Shared {
         ledger,

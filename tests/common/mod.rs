@@ -154,6 +154,8 @@ pub fn new_job(queue: &str, key: Option<&str>, payload: Value) -> NewJob {
         run_at: None,
         delay_ms: None,
         policy: None,
+        concurrency_key: None,
+        unique_for_ms: None,
     }
 }
 

@@ -51,6 +51,8 @@ fn new_job(i: usize) -> NewJob {
             backoff_cap_ms: 1_000,
             ..Policy::default()
         }),
+        concurrency_key: None,
+        unique_for_ms: None,
     }
 }
 
