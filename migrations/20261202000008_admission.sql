@@ -10,6 +10,10 @@ ALTER TABLE jobledger.jobs ADD COLUMN admission jsonb;
 -- The limited claim counts the leases each key holds (docs/admission.md).
 CREATE INDEX jobs_key_held ON jobledger.jobs (queue, (admission ->> 'concurrency_key'))
     WHERE state IN ('leased', 'cancel_requested') AND admission ? 'concurrency_key';
+-- ... and walks the distinct keys of due jobs (a loose index scan), taking
+-- each key's first jobs in turn, so one key's backlog cannot fill a claim.
+CREATE INDEX jobs_key_due ON jobledger.jobs (queue, (admission ->> 'concurrency_key'), priority, run_at)
+    WHERE state = 'queued' AND admission ? 'concurrency_key';
 
 CREATE OR REPLACE FUNCTION jobledger.check_job_update() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN

@@ -20,11 +20,13 @@ pub struct Candidate {
     pub cap: Option<i32>,
 }
 
-/// Up to `pool` claimable rows of a limited queue (expired leases under the
-/// reconcile policy first, then due jobs), locked with SKIP LOCKED. Due
-/// jobs whose key already holds its cap are not candidates at all, so a
-/// hot key's backlog does not crowd the others out of the pool. Nothing
-/// when the queue is paused.
+/// Claimable rows of a limited queue, locked with SKIP LOCKED: expired
+/// leases under the reconcile policy first, then due jobs: the first
+/// `pool` in line, and besides them the first few of every key (walked
+/// one index probe per key), so a hot key's backlog, however long and
+/// old, cannot crowd the other keys out. Due jobs whose key holds its cap
+/// already are no candidates. Nothing when the queue is paused. Each
+/// row's `rn` is its place within its key (1 for unkeyed jobs).
 pub async fn lock_candidates(
     conn: &mut PgConnection,
     queue: &str,
@@ -36,29 +38,56 @@ pub async fn lock_candidates(
             "(lim.kind IS NULL OR lim.kind = {j}.kind) AND (lim.pat IS NULL OR {j}.admission ->> 'concurrency_key' LIKE lim.pat)"
         )
     };
+    let key = "admission ->> 'concurrency_key'";
+    // The job's key holds its cap already (under some limit covering it).
+    let saturated = |j: &str| {
+        format!(
+            "EXISTS (SELECT 1 FROM held h JOIN lim ON {} WHERE h.ckey = {j}.{key} AND h.n >= lim.max)",
+            covers(j)
+        )
+    };
+    let keyed_due = "queue = $1 AND state = 'queued' AND admission ? 'concurrency_key'";
     let sql = format!(
-        "WITH ctl AS (SELECT limits FROM jobledger.queues WHERE queue = $1 AND NOT paused), \
+        "WITH RECURSIVE ctl AS (SELECT limits FROM jobledger.queues WHERE queue = $1 AND NOT paused), \
          lim AS (SELECT l.value ->> 'kind' AS kind, l.value ->> 'like' AS pat, (l.value ->> 'max')::int AS max \
                  FROM ctl, jsonb_each(ctl.limits) l), \
-         held AS (SELECT admission ->> 'concurrency_key' AS ckey, count(*) AS n FROM jobledger.jobs \
+         held AS (SELECT {key} AS ckey, count(*) AS n FROM jobledger.jobs \
                   WHERE queue = $1 AND state IN ('leased', 'cancel_requested') AND admission ? 'concurrency_key' \
                   GROUP BY 1), \
+         keys AS ( \
+            (SELECT {key} AS k FROM jobledger.jobs WHERE {keyed_due} ORDER BY 1 LIMIT 1) \
+            UNION ALL \
+            SELECT (SELECT {key} FROM jobledger.jobs WHERE {keyed_due} AND {key} > keys.k ORDER BY 1 LIMIT 1) \
+            FROM keys WHERE keys.k IS NOT NULL), \
+         heads AS ( \
+            SELECT h.job_id, h.rn FROM keys, LATERAL ( \
+              SELECT job_id, row_number() OVER (ORDER BY priority, run_at) AS rn FROM ( \
+                SELECT job_id, priority, run_at FROM jobledger.jobs \
+                WHERE {keyed_due} AND {key} = keys.k AND run_at <= now() \
+                ORDER BY priority, run_at LIMIT least($2, (SELECT coalesce(max(max), 1) FROM lim))) x) h \
+            WHERE keys.k IS NOT NULL), \
+         line AS (SELECT job_id, 1::int8 AS rn FROM jobledger.jobs l \
+                  WHERE queue = $1 AND state = 'queued' AND run_at <= now() AND NOT {} \
+                  ORDER BY priority, run_at LIMIT $2), \
+         cand AS (SELECT job_id, min(rn) AS rn FROM (SELECT * FROM heads UNION ALL SELECT * FROM line) c \
+                  WHERE EXISTS (SELECT 1 FROM ctl) GROUP BY job_id), \
          expired AS ( \
-            SELECT {JOB_COLUMNS}, 0 AS pick FROM jobledger.jobs \
+            SELECT {JOB_COLUMNS}, 0 AS pick, 1::int8 AS rn FROM jobledger.jobs \
             WHERE queue = $1 AND state IN ('leased', 'cancel_requested') AND lease_until <= now() \
               AND EXISTS (SELECT 1 FROM ctl) \
               AND policy ->> 'on_lease_expiry' = 'reconcile' AND holder IS DISTINCT FROM $3 \
             ORDER BY lease_until LIMIT $2 FOR UPDATE SKIP LOCKED), \
          due AS ( \
-            SELECT {JOB_COLUMNS}, 1 AS pick FROM jobledger.jobs j \
-            WHERE queue = $1 AND state = 'queued' AND run_at <= now() AND EXISTS (SELECT 1 FROM ctl) \
-              AND NOT EXISTS (SELECT 1 FROM held h JOIN lim ON {} \
-                              WHERE h.ckey = j.admission ->> 'concurrency_key' AND h.n >= lim.max) \
-            ORDER BY priority, run_at LIMIT $2 FOR UPDATE SKIP LOCKED) \
-         SELECT {JOB_COLUMNS}, clock_timestamp() AS db_now, p.admission ->> 'concurrency_key' AS ckey, \
+            SELECT {}, 1 AS pick, cand.rn FROM jobledger.jobs j JOIN cand USING (job_id) \
+            WHERE j.state = 'queued' AND j.run_at <= now() \
+              AND NOT {} \
+            FOR UPDATE OF j SKIP LOCKED) \
+         SELECT {JOB_COLUMNS}, clock_timestamp() AS db_now, p.{key} AS ckey, \
            (SELECT min(lim.max) FROM lim WHERE p.admission ? 'concurrency_key' AND {}) AS cap \
-         FROM (SELECT * FROM expired UNION ALL SELECT * FROM due) p ORDER BY pick, priority, run_at, job_id",
-        covers("j"),
+         FROM (SELECT * FROM expired UNION ALL SELECT * FROM due) p ORDER BY pick, rn, priority, run_at, job_id",
+        saturated("l"),
+        JOB_COLUMNS.split(", ").map(|c| format!("j.{c}")).collect::<Vec<_>>().join(", "),
+        saturated("j"),
         covers("p"),
     );
     Ok(sqlx::query_as(&sql)
