@@ -121,7 +121,16 @@ async fn admit(
             (k, m - h)
         })
         .collect();
-    Ok(in_turn(candidates, &mut room, limit))
+    let mut chosen = in_turn(candidates, &mut room, limit);
+    // The claims' time is read now, after the count that admitted them: a
+    // lease that freed a slot ended (and committed) before the count, so
+    // in the log every lease starts after the one it replaced ended — the
+    // candidates' clock, read before waiting for the keys, could be older.
+    let now = crate::store::queues::the_clock(conn).await?;
+    for c in &mut chosen {
+        c.db_now = now;
+    }
+    Ok(chosen)
 }
 
 /// Round-robin over keys in the candidates' order: each key's n-th job

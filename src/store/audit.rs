@@ -166,3 +166,23 @@ pub async fn workflow_counts<'e>(exec: impl PgExecutor<'e>) -> StoreResult<(i64,
     .fetch_one(exec)
     .await?)
 }
+
+/// From the log alone: per concurrency key (from each job's `enqueued`
+/// event), the most leases held at once, sweeping lease starts (+1) and
+/// ends (-1) by their database time, ends first at a tie.
+pub async fn most_leased_per_key<'e>(exec: impl PgExecutor<'e>) -> StoreResult<Vec<(String, i64)>> {
+    Ok(sqlx::query_as(
+        "WITH keyed AS (SELECT job_id, data -> 'admission' ->> 'concurrency_key' AS k FROM jobledger.events \
+                        WHERE version = 1 AND data -> 'admission' ? 'concurrency_key'), \
+         d AS (SELECT k, e.recorded_at AS t, \
+                 CASE WHEN e.to_state IN ('leased', 'cancel_requested') \
+                        AND coalesce(e.from_state, '') NOT IN ('leased', 'cancel_requested') THEN 1 \
+                      WHEN e.from_state IN ('leased', 'cancel_requested') \
+                        AND e.to_state NOT IN ('leased', 'cancel_requested') THEN -1 ELSE 0 END AS d \
+               FROM jobledger.events e JOIN keyed USING (job_id)) \
+         SELECT k, max(n)::int8 FROM (SELECT k, sum(d) OVER (PARTITION BY k ORDER BY t, d) AS n FROM d WHERE d <> 0) x \
+         GROUP BY k ORDER BY k",
+    )
+    .fetch_all(exec)
+    .await?)
+}

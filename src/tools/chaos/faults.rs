@@ -51,7 +51,7 @@ fn new_job(i: usize) -> NewJob {
             backoff_cap_ms: 1_000,
             ..Policy::default()
         }),
-        concurrency_key: None,
+        concurrency_key: Some(super::admission::merchant_of(i)),
         unique_for_ms: None,
     }
 }

@@ -3,6 +3,7 @@
 //! restarts, the broker vanishes and PostgreSQL restarts; then an independent
 //! checker over everything recorded (docs/reliability.md).
 
+mod admission;
 mod check;
 mod faults;
 mod kafka_check;
@@ -226,8 +227,15 @@ pub async fn run(base_url: &str, args: &ChaosArgs) -> Result<i32> {
     .await?;
     cluster.mirror.start()?;
 
+    admission::set_up(&ledger).await?;
     let started = Instant::now();
-    let (enqueued, faults) = faults::inject(&ledger, &plan, &mut cluster).await?;
+    let (mut enqueued, faults) = faults::inject(&ledger, &plan, &mut cluster).await?;
+    enqueued.extend(
+        admission::wind_down(&ledger)
+            .await?
+            .into_iter()
+            .map(|job_id| faults::Enqueued { job_id }),
+    );
     eprintln!(
         "chaos: {} jobs enqueued in {:.0}s; faults stopped, draining",
         enqueued.len(),
@@ -248,6 +256,7 @@ pub async fn run(base_url: &str, args: &ChaosArgs) -> Result<i32> {
         report.violation(format!("drain: {e:#}"));
     }
     check::ledger_invariants(&ledger, &enqueued, &mut report).await?;
+    admission::check(&ledger, &mut report).await?;
     check::provider_agreement(&ledger, &provider, &mut report).await?;
     check::mirror_equals_jobs(&ledger, &mirror, &mut report).await?;
     report.consumers = check::process_outputs(&cluster.mirror.out_path());
