@@ -46,7 +46,15 @@ async fn a_limit_of_two_per_key_holds_under_eight_workers() {
     let db = fresh().await;
     let l = &db.ledger;
     let set = l
-        .set_concurrency_limit("q", "per-tenant", None, Some("tenant-*"), 2, "ops", "the provider allows 2 per tenant")
+        .set_concurrency_limit(
+            "q",
+            "per-tenant",
+            None,
+            Some("tenant-*"),
+            2,
+            "ops",
+            "the provider allows 2 per tenant",
+        )
         .await
         .unwrap();
     assert!(set.changed && set.status.limits["per-tenant"].max == 2);
@@ -79,7 +87,9 @@ async fn a_limit_of_two_per_key_holds_under_eight_workers() {
     }
     // 32 handler slots, 4 keys: the cap, not the workers, stops at 8.
     eventually("every key holds its two leases", || async {
-        db.count("SELECT count(*) FROM jobledger.jobs WHERE state = 'leased'").await == 8
+        db.count("SELECT count(*) FROM jobledger.jobs WHERE state = 'leased'")
+            .await
+            == 8
     })
     .await;
     let queued = db
@@ -92,7 +102,9 @@ async fn a_limit_of_two_per_key_holds_under_eight_workers() {
             .fetch_one(l.pool())
             .await
             .unwrap();
-    let Found::Live(j) = l.show(waiting).await.unwrap() else { panic!() };
+    let Found::Live(j) = l.show(waiting).await.unwrap() else {
+        panic!()
+    };
     let why = l.admission_waits(&j).await.unwrap();
     assert!(
         why.len() == 1 && why[0].contains("2 of 2 leased (limit \"per-tenant\")"),
@@ -100,7 +112,9 @@ async fn a_limit_of_two_per_key_holds_under_eight_workers() {
     );
     gate.add_permits(1000);
     eventually("all succeed", || async {
-        db.count("SELECT count(*) FROM jobledger.jobs WHERE state = 'succeeded'").await == 40
+        db.count("SELECT count(*) FROM jobledger.jobs WHERE state = 'succeeded'")
+            .await
+            == 40
     })
     .await;
     stop.cancel();
@@ -110,7 +124,10 @@ async fn a_limit_of_two_per_key_holds_under_eight_workers() {
     let most = most_leased_per_key(&db).await;
     assert_eq!(most.len(), 4, "{most:?}");
     for (k, n) in &most {
-        assert_eq!(*n, 2, "key {k}: at most 2 leased at once, and the cap was reached");
+        assert_eq!(
+            *n, 2,
+            "key {k}: at most 2 leased at once, and the cap was reached"
+        );
     }
     db.assert_verified().await;
 }
@@ -158,20 +175,34 @@ async fn a_hot_key_does_not_starve_the_others() {
     l.enqueue_many_as(cold, "test").await.unwrap();
     // An unkeyed job is under no limit.
     l.enqueue(new_job("q", None, json!({}))).await.unwrap();
-    let key_of = |x: &jobledger::ledger::Lease| x.job().unwrap().admission.clone().and_then(|a| a.concurrency_key);
+    let key_of =
+        |x: &jobledger::ledger::Lease| x.job().unwrap().admission.clone().and_then(|a| a.concurrency_key);
     let first = l.claim("q", "w", Duration::from_secs(30), 3).await.unwrap();
     let keys: Vec<Option<String>> = first.iter().map(key_of).collect();
     assert_eq!(first.len(), 3, "{keys:?}");
-    assert_eq!(keys.iter().filter(|k| k.as_deref() == Some("hot")).count(), 1, "{keys:?}");
+    assert_eq!(
+        keys.iter().filter(|k| k.as_deref() == Some("hot")).count(),
+        1,
+        "{keys:?}"
+    );
     // The hot key is at its cap: the next claim is all others.
     let second = l.claim("q", "w", Duration::from_secs(30), 10).await.unwrap();
     let keys: Vec<Option<String>> = second.iter().map(key_of).collect();
     assert!(!keys.iter().any(|k| k.as_deref() == Some("hot")), "{keys:?}");
     assert_eq!(first.len() + second.len(), 7, "1 hot, 5 cold, 1 unkeyed");
     // Removing the limit is recorded, and the backlog flows again.
-    let off = l.remove_concurrency_limit("q", "each", "ops", "done").await.unwrap();
+    let off = l
+        .remove_concurrency_limit("q", "each", "ops", "done")
+        .await
+        .unwrap();
     assert!(off.changed && off.status.limits.is_empty());
-    assert_eq!(l.claim("q", "w", Duration::from_secs(30), 10).await.unwrap().len(), 10);
+    assert_eq!(
+        l.claim("q", "w", Duration::from_secs(30), 10)
+            .await
+            .unwrap()
+            .len(),
+        10
+    );
     let history = l.queue_history("q").await.unwrap();
     let actions: Vec<&str> = history.iter().map(|e| e.action.as_str()).collect();
     assert_eq!(actions, ["limit_set", "limit_removed"]);
@@ -212,13 +243,22 @@ async fn the_rate_limit_holds_across_claimers_and_its_window_moves() {
             .unwrap();
     let why = common::cli::jl(&db.url, &["show", &waiting.to_string()]).json();
     let why = why["waiting_because"].as_str().unwrap_or_default().to_string();
-    assert!(why.starts_with("queue rate limit: 5 of 5 claims in the last 3600000 ms"), "{why}");
+    assert!(
+        why.starts_with("queue rate limit: 5 of 5 claims in the last 3600000 ms"),
+        "{why}"
+    );
     // An hour passes (the window's claims move into the past).
     sqlx::query("UPDATE jobledger.rate_claims SET at = at - interval '61 minutes'")
         .execute(l.pool())
         .await
         .unwrap();
-    assert_eq!(l.claim("q", "w", Duration::from_secs(30), 10).await.unwrap().len(), 5);
+    assert_eq!(
+        l.claim("q", "w", Duration::from_secs(30), 10)
+            .await
+            .unwrap()
+            .len(),
+        5
+    );
     db.claim_none("late").await;
     // The log agrees: ten claims in all.
     let claimed = db
@@ -226,7 +266,13 @@ async fn the_rate_limit_holds_across_claimers_and_its_window_moves() {
         .await;
     assert_eq!(claimed, 10);
     l.remove_rate_limit("q", "ops", "quota lifted").await.unwrap();
-    assert_eq!(l.claim("q", "w", Duration::from_secs(30), 100).await.unwrap().len(), 40);
+    assert_eq!(
+        l.claim("q", "w", Duration::from_secs(30), 100)
+            .await
+            .unwrap()
+            .len(),
+        40
+    );
     db.assert_verified().await;
 }
 
@@ -239,7 +285,10 @@ async fn a_uniqueness_window_expires_into_a_new_epoch() {
     let first = l.enqueue(n.clone()).await.unwrap();
     assert!(first.created);
     let again = l.enqueue(n.clone()).await.unwrap();
-    assert!(!again.created && again.job.job_id == first.job.job_id, "within the window: the same job");
+    assert!(
+        !again.created && again.job.job_id == first.job.job_id,
+        "within the window: the same job"
+    );
     let lease = db.claim_one("w");
     let lease = lease.await;
     // Open after the window's end: the key stays with the open job.
@@ -250,7 +299,10 @@ async fn a_uniqueness_window_expires_into_a_new_epoch() {
     )
     .await;
     let open = l.enqueue(n.clone()).await.unwrap();
-    assert!(!open.created && open.job.job_id == first.job.job_id, "one key never names two open jobs");
+    assert!(
+        !open.created && open.job.job_id == first.job.job_id,
+        "one key never names two open jobs"
+    );
     assert!(lease.complete(None).await.unwrap().committed());
     // Finished and past its window: a new lifecycle, even with another payload.
     let mut next = n.clone();

@@ -39,12 +39,21 @@ async fn keys(db: &TestDb, prefix: &str) -> Vec<String> {
 async fn a_slot_fires_once_with_two_schedulers_racing() {
     let db = fresh().await;
     let l = &db.ledger;
-    l.create_schedule("minutely", &spec("* * * * *", "UTC", Missed::Skip, 0), "ops", "reports")
-        .await
-        .unwrap();
+    l.create_schedule(
+        "minutely",
+        &spec("* * * * *", "UTC", Missed::Skip, 0),
+        "ops",
+        "reports",
+    )
+    .await
+    .unwrap();
     let lease = Duration::from_secs(30);
     let old = l.acquire_scheduler_lease("node-a", lease).await.unwrap().unwrap();
-    assert_eq!(l.acquire_scheduler_lease("node-b", lease).await.unwrap(), None, "one scheduler at a time");
+    assert_eq!(
+        l.acquire_scheduler_lease("node-b", lease).await.unwrap(),
+        None,
+        "one scheduler at a time"
+    );
     // node-a restarts and takes its lease again: the old incarnation's
     // token is fenced; both fire at once.
     let new = l.acquire_scheduler_lease("node-a", lease).await.unwrap().unwrap();
@@ -91,18 +100,34 @@ async fn a_slot_fires_once_with_two_schedulers_racing() {
 async fn missed_slots_follow_the_policy_after_an_outage() {
     let db = fresh().await;
     let l = &db.ledger;
-    for (name, missed, n) in [("skip", Missed::Skip, 0), ("once", Missed::Once, 0), ("all", Missed::All, 3)] {
+    for (name, missed, n) in [
+        ("skip", Missed::Skip, 0),
+        ("once", Missed::Once, 0),
+        ("all", Missed::All, 3),
+    ] {
         l.create_schedule(name, &spec("* * * * *", "UTC", missed, n), "ops", "r")
             .await
             .unwrap();
     }
-    let token = l.acquire_scheduler_lease("s", Duration::from_secs(30)).await.unwrap().unwrap();
+    let token = l
+        .acquire_scheduler_lease("s", Duration::from_secs(30))
+        .await
+        .unwrap()
+        .unwrap();
     // Ten minutes and twenty seconds without a scheduler: ten or eleven
     // slots are due, the latest under a minute old (on time).
     let f = l.fire_due(token, Skew::seconds(620)).await.unwrap();
     assert_eq!(keys(&db, "skip").await.len(), 1, "only the on-time slot");
-    assert_eq!(keys(&db, "once").await.len(), 2, "one for the outage, and the on-time one");
-    assert_eq!(keys(&db, "all").await.len(), 4, "the latest three missed, and the on-time one");
+    assert_eq!(
+        keys(&db, "once").await.len(),
+        2,
+        "one for the outage, and the on-time one"
+    );
+    assert_eq!(
+        keys(&db, "all").await.len(),
+        4,
+        "the latest three missed, and the on-time one"
+    );
     // Every due slot is fired or recorded as skipped: 3 x due - 7 skipped.
     assert!(f.fired.len() == 7 && [23, 26].contains(&f.skipped), "{f:?}");
     for name in ["skip", "once", "all"] {
@@ -112,7 +137,13 @@ async fn missed_slots_follow_the_policy_after_an_outage() {
     }
     // Paused: nothing fires; resumed: the paused slots never do.
     l.pause_schedule("skip", "ops", "maintenance").await.unwrap();
-    assert!(l.fire_due(token, Skew::seconds(1000)).await.unwrap().fired.iter().all(|(n, ..)| n != "skip"));
+    assert!(l
+        .fire_due(token, Skew::seconds(1000))
+        .await
+        .unwrap()
+        .fired
+        .iter()
+        .all(|(n, ..)| n != "skip"));
     let resumed = l.resume_schedule("skip", "ops", "back").await.unwrap();
     assert!(!resumed.paused && resumed.next_slot.is_some());
     assert_eq!(keys(&db, "skip").await.len(), 1);
@@ -125,32 +156,71 @@ async fn daylight_saving_days_fire_as_documented() {
     let l = &db.ledger;
     // New York: 2027-03-14 springs forward (02:30 never happens), 2027-11-07
     // falls back (01:30 happens twice).
-    l.create_schedule("spring", &spec("30 2 * * *", "America/New_York", Missed::All, 1000), "ops", "r")
+    l.create_schedule(
+        "spring",
+        &spec("30 2 * * *", "America/New_York", Missed::All, 1000),
+        "ops",
+        "r",
+    )
+    .await
+    .unwrap();
+    l.create_schedule(
+        "fall",
+        &spec("30 1 * * *", "America/New_York", Missed::All, 1000),
+        "ops",
+        "r",
+    )
+    .await
+    .unwrap();
+    let token = l
+        .acquire_scheduler_lease("s", Duration::from_secs(30))
         .await
+        .unwrap()
         .unwrap();
-    l.create_schedule("fall", &spec("30 1 * * *", "America/New_York", Missed::All, 1000), "ops", "r")
-        .await
-        .unwrap();
-    let token = l.acquire_scheduler_lease("s", Duration::from_secs(30)).await.unwrap().unwrap();
     let now: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("SELECT clock_timestamp()")
         .fetch_one(l.pool())
         .await
         .unwrap();
-    let until = |t: &str| chrono::DateTime::parse_from_rfc3339(t).unwrap().with_timezone(&chrono::Utc) - now;
+    let until = |t: &str| {
+        chrono::DateTime::parse_from_rfc3339(t)
+            .unwrap()
+            .with_timezone(&chrono::Utc)
+            - now
+    };
     l.fire_due(token, until("2027-11-09T00:00:00Z")).await.unwrap();
     let spring = keys(&db, "spring").await;
-    for k in ["2027-03-13T07:30:00.000000Z", "2027-03-14T07:00:00.000000Z", "2027-03-15T06:30:00.000000Z"] {
-        assert!(spring.contains(&format!("schedule:spring:{k}")), "{k} in {spring:?}");
+    for k in [
+        "2027-03-13T07:30:00.000000Z",
+        "2027-03-14T07:00:00.000000Z",
+        "2027-03-15T06:30:00.000000Z",
+    ] {
+        assert!(
+            spring.contains(&format!("schedule:spring:{k}")),
+            "{k} in {spring:?}"
+        );
     }
-    assert!(!spring.iter().any(|k| k.contains("2027-03-14T06:30") || k.contains("2027-03-14T07:30")));
+    assert!(!spring
+        .iter()
+        .any(|k| k.contains("2027-03-14T06:30") || k.contains("2027-03-14T07:30")));
     let fall = keys(&db, "fall").await;
-    for k in ["2027-11-06T05:30:00.000000Z", "2027-11-07T05:30:00.000000Z", "2027-11-08T06:30:00.000000Z"] {
+    for k in [
+        "2027-11-06T05:30:00.000000Z",
+        "2027-11-07T05:30:00.000000Z",
+        "2027-11-08T06:30:00.000000Z",
+    ] {
         assert!(fall.contains(&format!("schedule:fall:{k}")), "{k} in {fall:?}");
     }
-    assert!(!fall.iter().any(|k| k.contains("2027-11-07T06:30")), "the repeated 01:30 fires once");
+    assert!(
+        !fall.iter().any(|k| k.contains("2027-11-07T06:30")),
+        "the repeated 01:30 fires once"
+    );
     // One a day, no more, no fewer.
     let days = (chrono::NaiveDate::from_ymd_opt(2027, 11, 8).unwrap() - now.date_naive()).num_days() as usize;
-    assert!((days - 1..=days + 1).contains(&spring.len()), "{} slots over {days} days", spring.len());
+    assert!(
+        (days - 1..=days + 1).contains(&spring.len()),
+        "{} slots over {days} days",
+        spring.len()
+    );
     assert_eq!(spring.len(), fall.len());
     db.assert_verified().await;
 }
@@ -160,38 +230,110 @@ async fn the_cli_manages_schedules_and_verify_catches_an_edited_stream() {
     let db = fresh().await;
     let jl = |args: &[&str]| common::cli::jl(&db.url, args);
     let out = jl(&[
-        "schedule", "create", "nightly", "--cron", "0 3 * * *", "--tz", "Europe/Berlin", "--queue", "reports",
-        "--kind", "report", "--missed", "once", "--operator", "alice", "--reason", "nightly export",
+        "schedule",
+        "create",
+        "nightly",
+        "--cron",
+        "0 3 * * *",
+        "--tz",
+        "Europe/Berlin",
+        "--queue",
+        "reports",
+        "--kind",
+        "report",
+        "--missed",
+        "once",
+        "--operator",
+        "alice",
+        "--reason",
+        "nightly export",
     ])
     .json();
     assert_eq!(out["name"], "nightly");
     assert!(out["next_slot"].as_str().unwrap().ends_with(":00:00.000000Z") || out["next_slot"].is_string());
-    let bad = jl(&["schedule", "create", "bad", "--cron", "every day", "--queue", "q", "--kind", "k", "--operator", "a", "--reason", "r"]);
+    let bad = jl(&[
+        "schedule",
+        "create",
+        "bad",
+        "--cron",
+        "every day",
+        "--queue",
+        "q",
+        "--kind",
+        "k",
+        "--operator",
+        "a",
+        "--reason",
+        "r",
+    ]);
     assert_eq!(bad.code, 2, "{}", bad.stderr);
     assert!(bad.stderr.contains("cron expression"), "{}", bad.stderr);
-    let bad_tz = jl(&["schedule", "create", "bad", "--cron", "* * * * *", "--tz", "Mars/Base", "--queue", "q", "--kind", "k", "--operator", "a", "--reason", "r"]);
+    let bad_tz = jl(&[
+        "schedule",
+        "create",
+        "bad",
+        "--cron",
+        "* * * * *",
+        "--tz",
+        "Mars/Base",
+        "--queue",
+        "q",
+        "--kind",
+        "k",
+        "--operator",
+        "a",
+        "--reason",
+        "r",
+    ]);
     assert!(bad_tz.stderr.contains("IANA"), "{}", bad_tz.stderr);
-    jl(&["schedule", "pause", "nightly", "--operator", "bob", "--reason", "freeze"]);
+    jl(&[
+        "schedule",
+        "pause",
+        "nightly",
+        "--operator",
+        "bob",
+        "--reason",
+        "freeze",
+    ]);
     let list = jl(&["schedule", "list"]).json();
     assert_eq!(list["paused"], true);
-    jl(&["schedule", "delete", "nightly", "--operator", "bob", "--reason", "gone"]);
+    jl(&[
+        "schedule",
+        "delete",
+        "nightly",
+        "--operator",
+        "bob",
+        "--reason",
+        "gone",
+    ]);
     let h = jl(&["schedule", "history", "nightly"]).stdout;
     let actions: Vec<String> = h
         .lines()
-        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["action"].as_str().unwrap().to_string())
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["action"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
         .collect();
     assert_eq!(actions, ["created", "paused", "deleted"]);
     db.assert_verified().await;
     // A superuser rewrites who paused it: verify names the schedule.
     let mut c = db.conn().await;
-    sqlx::query("SET session_replication_role = replica").execute(&mut c).await.unwrap();
+    sqlx::query("SET session_replication_role = replica")
+        .execute(&mut c)
+        .await
+        .unwrap();
     sqlx::query("UPDATE jobledger.schedule_events SET actor = 'mallory' WHERE version = 2")
         .execute(&mut c)
         .await
         .unwrap();
     let report = db.ledger.verify(None).await.unwrap();
     assert!(
-        report.problems.iter().any(|p| p.detail.contains("schedule \"nightly\" v2: the hash")),
+        report
+            .problems
+            .iter()
+            .any(|p| p.detail.contains("schedule \"nightly\" v2: the hash")),
         "{:?}",
         report.problems
     );

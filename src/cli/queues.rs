@@ -34,7 +34,15 @@ pub async fn run(ledger: &Ledger, action: &QueueCmd) -> Result<i32> {
             who,
         } => line(&serde_json::to_value(
             ledger
-                .set_concurrency_limit(queue, name, kind.as_deref(), key.as_deref(), *max, &who.operator, &who.reason)
+                .set_concurrency_limit(
+                    queue,
+                    name,
+                    kind.as_deref(),
+                    key.as_deref(),
+                    *max,
+                    &who.operator,
+                    &who.reason,
+                )
                 .await?,
         )?),
         QueueCmd::Unlimit { queue, name, who } => line(&serde_json::to_value(
@@ -48,7 +56,9 @@ pub async fn run(ledger: &Ledger, action: &QueueCmd) -> Result<i32> {
                 .await?,
         )?),
         QueueCmd::Unrate { queue, who } => line(&serde_json::to_value(
-            ledger.remove_rate_limit(queue, &who.operator, &who.reason).await?,
+            ledger
+                .remove_rate_limit(queue, &who.operator, &who.reason)
+                .await?,
         )?),
         QueueCmd::List => {
             for q in ledger.queue_controls().await? {

@@ -91,7 +91,9 @@ pub async fn run(ledger: &Ledger, action: &ScheduleCmd) -> Result<i32> {
                 missed,
                 max_catch_up: *max_catch_up,
             };
-            ledger.create_schedule(name, &spec, &who.operator, &who.reason).await?
+            ledger
+                .create_schedule(name, &spec, &who.operator, &who.reason)
+                .await?
         }
         ScheduleCmd::Pause { name, who } => ledger.pause_schedule(name, &who.operator, &who.reason).await?,
         ScheduleCmd::Resume { name, who } => ledger.resume_schedule(name, &who.operator, &who.reason).await?,
@@ -104,9 +106,11 @@ pub async fn run(ledger: &Ledger, action: &ScheduleCmd) -> Result<i32> {
         }
         ScheduleCmd::History { name } => {
             for e in ledger.schedule_history(name).await? {
-                line(&json!({ "schedule": e.name, "version": e.version, "action": e.action.as_str(),
+                line(
+                    &json!({ "schedule": e.name, "version": e.version, "action": e.action.as_str(),
                               "by": e.actor, "reason": e.reason, "data": e.data,
-                              "at": fmt_time(e.recorded_at), "hash": e.hash }));
+                              "at": fmt_time(e.recorded_at), "hash": e.hash }),
+                );
             }
             return Ok(output::OK);
         }

@@ -48,7 +48,8 @@ impl ConcurrencyLimit {
 
     /// Whether a job of `kind` with concurrency key `key` is under it.
     pub fn covers(&self, kind: &str, key: &str) -> bool {
-        self.kind.as_deref().is_none_or(|k| k == kind) && self.key.as_deref().is_none_or(|g| glob_match(g, key))
+        self.kind.as_deref().is_none_or(|k| k == kind)
+            && self.key.as_deref().is_none_or(|g| glob_match(g, key))
     }
 }
 
@@ -66,7 +67,11 @@ pub fn cap_of<'a>(
     kind: &str,
     key: &str,
 ) -> Option<i32> {
-    limits.into_iter().filter(|l| l.covers(kind, key)).map(|l| l.max).min()
+    limits
+        .into_iter()
+        .filter(|l| l.covers(kind, key))
+        .map(|l| l.max)
+        .min()
 }
 
 /// `*` → `%`, `?` → `_`, and LIKE's own `%`, `_` and `\` escaped.

@@ -58,7 +58,11 @@ const ACTIONS: [(QueueAction, &str); 6] = [
 
 impl QueueAction {
     pub fn as_str(self) -> &'static str {
-        ACTIONS.iter().find(|(a, _)| *a == self).expect("every action is named").1
+        ACTIONS
+            .iter()
+            .find(|(a, _)| *a == self)
+            .expect("every action is named")
+            .1
     }
 
     pub fn parse(s: &str) -> Option<Self> {
@@ -105,9 +109,12 @@ pub enum QueueRefusal {
 
 fn check_terms(cmd: &QueueCommand) -> Result<(), QueueRefusal> {
     match cmd {
-        QueueCommand::SetLimit { limit, .. } if !(1..=1_000_000).contains(&limit.max) => Err(QueueRefusal::Invalid(
-            format!("a concurrency limit of {} is not in 1..=1000000", limit.max),
-        )),
+        QueueCommand::SetLimit { limit, .. } if !(1..=1_000_000).contains(&limit.max) => {
+            Err(QueueRefusal::Invalid(format!(
+                "a concurrency limit of {} is not in 1..=1000000",
+                limit.max
+            )))
+        }
         QueueCommand::SetRate(r) if !(1..=1_000_000).contains(&r.max) => Err(QueueRefusal::Invalid(format!(
             "a rate of {} claims is not in 1..=1000000",
             r.max
@@ -129,15 +136,22 @@ pub fn decide_queue(
 ) -> Result<QueueEvent, QueueRefusal> {
     check_terms(cmd)?;
     let (action, data) = match cmd {
-        QueueCommand::Pause if q.paused.is_some() => return Err(QueueRefusal::Already("the queue is already paused")),
-        QueueCommand::Resume if q.paused.is_none() => return Err(QueueRefusal::Already("the queue is not paused")),
+        QueueCommand::Pause if q.paused.is_some() => {
+            return Err(QueueRefusal::Already("the queue is already paused"))
+        }
+        QueueCommand::Resume if q.paused.is_none() => {
+            return Err(QueueRefusal::Already("the queue is not paused"))
+        }
         QueueCommand::Pause => (QueueAction::Pause, None),
         QueueCommand::Resume => (QueueAction::Resume, None),
         QueueCommand::SetLimit { name, limit } => {
             if q.limits.get(name) == Some(limit) {
                 return Err(QueueRefusal::Already("the limit is already so"));
             }
-            (QueueAction::LimitSet, Some(json!({ "name": name, "limit": limit })))
+            (
+                QueueAction::LimitSet,
+                Some(json!({ "name": name, "limit": limit })),
+            )
         }
         QueueCommand::RemoveLimit { name } => {
             if !q.limits.contains_key(name) {
@@ -174,7 +188,10 @@ pub fn decide_queue(
 }
 
 fn data_of<T: serde::de::DeserializeOwned>(e: &QueueEvent, field: Option<&str>) -> Result<T, String> {
-    let v = e.data.as_ref().ok_or_else(|| format!("queue {:?} v{}: no data", e.queue, e.version))?;
+    let v = e
+        .data
+        .as_ref()
+        .ok_or_else(|| format!("queue {:?} v{}: no data", e.queue, e.version))?;
     let v = match field {
         Some(f) => v.get(f).cloned().unwrap_or(Value::Null),
         None => v.clone(),
@@ -281,19 +298,52 @@ mod tests {
         let e = decide_queue(&q, &set, "ops", "provider caps us", now).unwrap();
         let q = apply_queue(&q, &e).unwrap();
         assert_eq!(q.limits["per-tenant"].max, 2);
-        assert_eq!(decide_queue(&q, &set, "ops", "r", now), Err(QueueRefusal::Already("the limit is already so")));
+        assert_eq!(
+            decide_queue(&q, &set, "ops", "r", now),
+            Err(QueueRefusal::Already("the limit is already so"))
+        );
         let zero = QueueCommand::SetRate(RateLimit { max: 0, per_ms: 1000 });
-        assert!(matches!(decide_queue(&q, &zero, "ops", "r", now), Err(QueueRefusal::Invalid(_))));
-        let rate = QueueCommand::SetRate(RateLimit { max: 10, per_ms: 1000 });
+        assert!(matches!(
+            decide_queue(&q, &zero, "ops", "r", now),
+            Err(QueueRefusal::Invalid(_))
+        ));
+        let rate = QueueCommand::SetRate(RateLimit {
+            max: 10,
+            per_ms: 1000,
+        });
         let e = decide_queue(&q, &rate, "ops", "r", now).unwrap();
         let q = apply_queue(&q, &e).unwrap();
-        assert_eq!(q.rate, Some(RateLimit { max: 10, per_ms: 1000 }));
+        assert_eq!(
+            q.rate,
+            Some(RateLimit {
+                max: 10,
+                per_ms: 1000
+            })
+        );
         let mut forged = decide_queue(&q, &QueueCommand::RemoveRate, "ops", "r", now).unwrap();
         forged.data = Some(json!({"max": 1000}));
         assert!(apply_queue(&q, &forged).is_err(), "data is under the hash");
-        let e = decide_queue(&q, &QueueCommand::RemoveLimit { name: "per-tenant".into() }, "ops", "r", now).unwrap();
+        let e = decide_queue(
+            &q,
+            &QueueCommand::RemoveLimit {
+                name: "per-tenant".into(),
+            },
+            "ops",
+            "r",
+            now,
+        )
+        .unwrap();
         let q = apply_queue(&q, &e).unwrap();
         assert!(q.limits.is_empty());
-        assert!(decide_queue(&q, &QueueCommand::RemoveLimit { name: "per-tenant".into() }, "ops", "r", now).is_err());
+        assert!(decide_queue(
+            &q,
+            &QueueCommand::RemoveLimit {
+                name: "per-tenant".into()
+            },
+            "ops",
+            "r",
+            now
+        )
+        .is_err());
     }
 }

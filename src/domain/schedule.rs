@@ -247,14 +247,20 @@ pub fn decide_schedule(
         }
         C::Create(spec) => {
             parse(spec).map_err(ScheduleRefusal::Invalid)?;
-            (ScheduleAction::Created, json!({ "spec": spec, "cursor": fmt_time(now) }))
+            (
+                ScheduleAction::Created,
+                json!({ "spec": spec, "cursor": fmt_time(now) }),
+            )
         }
         _ if !s.live() => return Err(gone()),
         C::Pause if s.paused => return Err(ScheduleRefusal::Already("the schedule is already paused")),
         C::Resume if !s.paused => return Err(ScheduleRefusal::Already("the schedule is not paused")),
         C::Pause => (ScheduleAction::Paused, json!({})),
         // Slots while paused were declined by the pause, not missed.
-        C::Resume => (ScheduleAction::Resumed, json!({ "cursor": fmt_time(now.max(s.cursor)) })),
+        C::Resume => (
+            ScheduleAction::Resumed,
+            json!({ "cursor": fmt_time(now.max(s.cursor)) }),
+        ),
         C::Delete => (ScheduleAction::Deleted, json!({})),
         C::Fire { .. } | C::Skip(_) if s.paused => {
             return Err(ScheduleRefusal::Invalid("the schedule is paused".into()))
@@ -262,9 +268,14 @@ pub fn decide_schedule(
         C::Fire { slot, .. } if *slot <= s.cursor => {
             return Err(ScheduleRefusal::Already("the slot was already fired or skipped"))
         }
-        C::Fire { slot, job_id } => (ScheduleAction::Fired, json!({ "slot": fmt_time(*slot), "job_id": job_id })),
+        C::Fire { slot, job_id } => (
+            ScheduleAction::Fired,
+            json!({ "slot": fmt_time(*slot), "job_id": job_id }),
+        ),
         C::Skip(k) if k.first <= s.cursor || k.last < k.first => {
-            return Err(ScheduleRefusal::Already("the slots were already fired or skipped"))
+            return Err(ScheduleRefusal::Already(
+                "the slots were already fired or skipped",
+            ))
         }
         C::Skip(k) => (ScheduleAction::Skipped, json!(k)),
     };
@@ -307,7 +318,8 @@ pub fn apply_schedule(s: &ScheduleState, e: &ScheduleEvent) -> Result<ScheduleSt
     let live = s.live();
     match e.action {
         ScheduleAction::Created if !live => {
-            let spec = serde_json::from_value(e.data["spec"].clone()).map_err(|err| format!("{at}: {err}"))?;
+            let spec =
+                serde_json::from_value(e.data["spec"].clone()).map_err(|err| format!("{at}: {err}"))?;
             n = ScheduleState {
                 spec: Some(spec),
                 cursor: time_in(e, "cursor")?,
@@ -322,13 +334,29 @@ pub fn apply_schedule(s: &ScheduleState, e: &ScheduleEvent) -> Result<ScheduleSt
         }
         ScheduleAction::Deleted if live => n.deleted = true,
         ScheduleAction::Fired | ScheduleAction::Skipped if live && !s.paused => {
-            let slot = time_in(e, if e.action == ScheduleAction::Fired { "slot" } else { "last" })?;
+            let slot = time_in(
+                e,
+                if e.action == ScheduleAction::Fired {
+                    "slot"
+                } else {
+                    "last"
+                },
+            )?;
             if slot <= s.cursor {
-                return Err(format!("{at}: slot {} is not after the cursor {}", fmt_time(slot), fmt_time(s.cursor)));
+                return Err(format!(
+                    "{at}: slot {} is not after the cursor {}",
+                    fmt_time(slot),
+                    fmt_time(s.cursor)
+                ));
             }
             n.cursor = slot;
         }
-        a => return Err(format!("{at}: {} does not follow the schedule's state", a.as_str())),
+        a => {
+            return Err(format!(
+                "{at}: {} does not follow the schedule's state",
+                a.as_str()
+            ))
+        }
     }
     n.version = e.version;
     n.last_hash = Some(e.hash.clone());

@@ -141,7 +141,9 @@ fn in_turn(candidates: Vec<Candidate>, room: &mut HashMap<String, i64>, limit: i
         .into_iter()
         .enumerate()
         .map(|(i, c)| {
-            let n = seen.entry(c.ckey.clone().filter(|_| c.cap.is_some())).or_default();
+            let n = seen
+                .entry(c.ckey.clone().filter(|_| c.cap.is_some()))
+                .or_default();
             *n += 1;
             // Unkeyed and uncapped jobs: each its own turn 1.
             let turn = if c.cap.is_some() { *n } else { 1 };

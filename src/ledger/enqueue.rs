@@ -258,7 +258,11 @@ async fn existing_or_next(
 }
 
 /// Inserts one decided job; None when its key names a job (again).
-async fn insert_one(conn: &mut PgConnection, ev: &crate::domain::Event, job: &Job) -> LedgerResult<Option<Enqueued>> {
+async fn insert_one(
+    conn: &mut PgConnection,
+    ev: &crate::domain::Event,
+    job: &Job,
+) -> LedgerResult<Option<Enqueued>> {
     let at = jobs::insert_new_jobs(conn, vec![JobRow::from(job)], vec![EventRow::from(ev)]).await?;
     Ok(at.first().map(|(_, position)| Enqueued {
         job: job.clone(),
@@ -311,10 +315,14 @@ impl Ledger {
         }
         match n.unique_for_ms {
             Some(_) if n.job_key.is_none() => {
-                return Err(LedgerError::BadInput("a uniqueness window needs a job key".into()))
+                return Err(LedgerError::BadInput(
+                    "a uniqueness window needs a job key".into(),
+                ))
             }
             Some(ms) if !(1..=MAX_DELAY_MS).contains(&ms) => {
-                return Err(LedgerError::BadInput("a uniqueness window must be from 1 ms to 100 years".into()))
+                return Err(LedgerError::BadInput(
+                    "a uniqueness window must be from 1 ms to 100 years".into(),
+                ))
             }
             _ => {}
         }

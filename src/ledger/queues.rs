@@ -15,8 +15,8 @@ use crate::domain::admission::{ConcurrencyLimit, RateLimit};
 use crate::domain::queue::{
     apply_queue, decide_queue, Pause, QueueAction, QueueCommand, QueueControl, QueueEvent, QueueRefusal,
 };
-use std::collections::BTreeMap;
 use crate::store::queues::{self, QueueEventRow, QueueRow};
+use std::collections::BTreeMap;
 
 /// A queue's controls as `queue list` and the API show them.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -53,9 +53,15 @@ impl TryFrom<QueueRow> for QueueStatus {
 type Terms = (BTreeMap<String, ConcurrencyLimit>, Option<RateLimit>);
 
 fn terms_of(r: &QueueRow) -> LedgerResult<Terms> {
-    let corrupt = |e: serde_json::Error| crate::store::StoreError::Corrupt(format!("queue {:?} limits: {e}", r.queue));
+    let corrupt =
+        |e: serde_json::Error| crate::store::StoreError::Corrupt(format!("queue {:?} limits: {e}", r.queue));
     let limits = serde_json::from_value(r.limits.clone()).map_err(corrupt)?;
-    let rate = r.rate.clone().map(serde_json::from_value).transpose().map_err(corrupt)?;
+    let rate = r
+        .rate
+        .clone()
+        .map(serde_json::from_value)
+        .transpose()
+        .map_err(corrupt)?;
     Ok((limits, rate))
 }
 
@@ -187,7 +193,12 @@ impl Ledger {
         self.control_queue(queue, cmd, operator, reason).await
     }
 
-    pub async fn remove_rate_limit(&self, queue: &str, operator: &str, reason: &str) -> LedgerResult<QueueChange> {
+    pub async fn remove_rate_limit(
+        &self,
+        queue: &str,
+        operator: &str,
+        reason: &str,
+    ) -> LedgerResult<QueueChange> {
         self.control_queue(queue, QueueCommand::RemoveRate, operator, reason)
             .await
     }
@@ -238,7 +249,9 @@ impl Ledger {
             hash: e.hash.clone(),
         };
         let limits = serde_json::to_value(&next.limits).expect("limits serialise");
-        let rate = next.rate.map(|r| serde_json::to_value(r).expect("rate serialises"));
+        let rate = next
+            .rate
+            .map(|r| serde_json::to_value(r).expect("rate serialises"));
         let st = queues::QueueStateRow {
             paused: next.paused.is_some(),
             limits: &limits,
@@ -300,7 +313,8 @@ impl Ledger {
         for row in queues::controlled_queues(&mut *conn).await? {
             let f = folded.remove(&row.queue).unwrap_or_default();
             let p = f.paused.as_ref();
-            let same = control_of(&row.queue, Some(&row)).is_ok_and(|c| c.limits == f.limits && c.rate == f.rate)
+            let same = control_of(&row.queue, Some(&row))
+                .is_ok_and(|c| c.limits == f.limits && c.rate == f.rate)
                 && f.version == row.version
                 && f.paused.is_some() == row.paused
                 && f.last_hash.as_deref() == Some(row.last_hash.as_str())

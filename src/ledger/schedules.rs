@@ -158,19 +158,34 @@ impl Ledger {
             .await
     }
 
-    pub async fn pause_schedule(&self, name: &str, operator: &str, reason: &str) -> LedgerResult<ScheduleStatus> {
+    pub async fn pause_schedule(
+        &self,
+        name: &str,
+        operator: &str,
+        reason: &str,
+    ) -> LedgerResult<ScheduleStatus> {
         self.change_schedule(name, ScheduleCommand::Pause, operator, reason)
             .await
     }
 
-    pub async fn resume_schedule(&self, name: &str, operator: &str, reason: &str) -> LedgerResult<ScheduleStatus> {
+    pub async fn resume_schedule(
+        &self,
+        name: &str,
+        operator: &str,
+        reason: &str,
+    ) -> LedgerResult<ScheduleStatus> {
         self.change_schedule(name, ScheduleCommand::Resume, operator, reason)
             .await
     }
 
     /// Deletes the schedule: it fires no more; its stream stays (and the
     /// name may be created again, continuing the stream).
-    pub async fn delete_schedule(&self, name: &str, operator: &str, reason: &str) -> LedgerResult<ScheduleStatus> {
+    pub async fn delete_schedule(
+        &self,
+        name: &str,
+        operator: &str,
+        reason: &str,
+    ) -> LedgerResult<ScheduleStatus> {
         self.change_schedule(name, ScheduleCommand::Delete, operator, reason)
             .await
     }
@@ -246,7 +261,13 @@ impl Ledger {
     }
 
     /// False when the lease is no longer ours (nothing written).
-    async fn fire_schedule(&self, name: &str, token: i64, skew: Duration, out: &mut Firing) -> LedgerResult<bool> {
+    async fn fire_schedule(
+        &self,
+        name: &str,
+        token: i64,
+        skew: Duration,
+        out: &mut Firing,
+    ) -> LedgerResult<bool> {
         let mut tx = self.pool.begin().await?;
         if !st::hold_scheduler_fence(&mut tx, token).await? {
             return Ok(false);
@@ -263,7 +284,11 @@ impl Ledger {
             let why = format!("missed ({:?} policy)", spec.missed).to_lowercase();
             s = step(&mut tx, &s, &ScheduleCommand::Skip(k), &why, now).await?;
         }
-        let jobs = p.fire.iter().map(|slot| (slot_job(&spec, name, *slot), None)).collect();
+        let jobs = p
+            .fire
+            .iter()
+            .map(|slot| (slot_job(&spec, name, *slot), None))
+            .collect();
         let enqueued = self.enqueue_drafts_in(&mut tx, jobs, "scheduler").await?;
         for (slot, e) in p.fire.iter().zip(enqueued) {
             let fire = ScheduleCommand::Fire {
@@ -343,7 +368,11 @@ fn slot_job(spec: &ScheduleSpec, name: &str, slot: DateTime<Utc>) -> NewJob {
 impl Ledger {
     /// The scheduler lease (one active scheduler per database): its token,
     /// or None while another holder's lease runs.
-    pub async fn acquire_scheduler_lease(&self, holder: &str, lease: std::time::Duration) -> LedgerResult<Option<i64>> {
+    pub async fn acquire_scheduler_lease(
+        &self,
+        holder: &str,
+        lease: std::time::Duration,
+    ) -> LedgerResult<Option<i64>> {
         Ok(st::acquire_scheduler_lease(&self.pool, holder, super::lease::millis(lease)).await?)
     }
 

@@ -63,7 +63,11 @@ pub struct QueueStateRow<'a> {
 }
 
 /// Appends the event and writes the state it leaves.
-pub async fn append_queue_event(conn: &mut PgConnection, e: &QueueEventRow, st: QueueStateRow<'_>) -> StoreResult<()> {
+pub async fn append_queue_event(
+    conn: &mut PgConnection,
+    e: &QueueEventRow,
+    st: QueueStateRow<'_>,
+) -> StoreResult<()> {
     sqlx::query(
         "INSERT INTO jobledger.queue_events (queue, version, action, actor, reason, data, recorded_at, prev_hash, hash) \
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",

@@ -47,7 +47,11 @@ pub async fn lock_schedule(conn: &mut PgConnection, name: &str) -> StoreResult<O
 }
 
 /// Appends the event and writes the state it leaves.
-pub async fn append_schedule_event(conn: &mut PgConnection, e: &ScheduleEventRow, st: &ScheduleRow) -> StoreResult<()> {
+pub async fn append_schedule_event(
+    conn: &mut PgConnection,
+    e: &ScheduleEventRow,
+    st: &ScheduleRow,
+) -> StoreResult<()> {
     sqlx::query(
         "INSERT INTO jobledger.schedule_events (name, version, action, actor, reason, data, recorded_at, prev_hash, hash) \
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
@@ -90,14 +94,17 @@ pub async fn schedules<'e>(exec: impl PgExecutor<'e>) -> StoreResult<Vec<Schedul
 
 /// Names of schedules that may have slots due (live and not paused).
 pub async fn active_schedule_names<'e>(exec: impl PgExecutor<'e>) -> StoreResult<Vec<String>> {
-    Ok(
-        sqlx::query_scalar("SELECT name FROM jobledger.schedules WHERE NOT paused AND NOT deleted ORDER BY name")
-            .fetch_all(exec)
-            .await?,
+    Ok(sqlx::query_scalar(
+        "SELECT name FROM jobledger.schedules WHERE NOT paused AND NOT deleted ORDER BY name",
     )
+    .fetch_all(exec)
+    .await?)
 }
 
-pub async fn schedule_events<'e>(exec: impl PgExecutor<'e>, name: Option<&str>) -> StoreResult<Vec<ScheduleEventRow>> {
+pub async fn schedule_events<'e>(
+    exec: impl PgExecutor<'e>,
+    name: Option<&str>,
+) -> StoreResult<Vec<ScheduleEventRow>> {
     Ok(sqlx::query_as(
         "SELECT * FROM jobledger.schedule_events WHERE $1::text IS NULL OR name = $1 ORDER BY name, version",
     )
@@ -108,7 +115,11 @@ pub async fn schedule_events<'e>(exec: impl PgExecutor<'e>, name: Option<&str>) 
 
 /// Takes the scheduler lease if it is free, expired, or already ours; the
 /// token goes up on every acquisition, so an older holder is fenced out.
-pub async fn acquire_scheduler_lease<'e>(exec: impl PgExecutor<'e>, holder: &str, lease_ms: i64) -> StoreResult<Option<i64>> {
+pub async fn acquire_scheduler_lease<'e>(
+    exec: impl PgExecutor<'e>,
+    holder: &str,
+    lease_ms: i64,
+) -> StoreResult<Option<i64>> {
     Ok(sqlx::query_scalar(
         "UPDATE jobledger.scheduler_leases SET lease_token = lease_token + 1, lease_holder = $1, \
            lease_until = now() + make_interval(secs => $2::double precision / 1000), updated_at = now() \
@@ -122,7 +133,11 @@ pub async fn acquire_scheduler_lease<'e>(exec: impl PgExecutor<'e>, holder: &str
 }
 
 /// Extends the lease; false when another holder took it.
-pub async fn renew_scheduler_lease<'e>(exec: impl PgExecutor<'e>, token: i64, lease_ms: i64) -> StoreResult<bool> {
+pub async fn renew_scheduler_lease<'e>(
+    exec: impl PgExecutor<'e>,
+    token: i64,
+    lease_ms: i64,
+) -> StoreResult<bool> {
     let done = sqlx::query(
         "UPDATE jobledger.scheduler_leases SET lease_until = now() + make_interval(secs => $2::double precision / 1000) \
          WHERE name = 'scheduler' AND lease_token = $1 AND lease_until > now()",

@@ -27,7 +27,7 @@ pub struct BenchArgs {
     pub prefetch: Option<usize>,
 }
 
-fn job(queue: &str, i: usize) -> NewJob {
+pub(crate) fn job(queue: &str, i: usize) -> NewJob {
     NewJob {
         queue: queue.into(),
         kind: "noop".into(),
@@ -92,6 +92,9 @@ pub async fn run(args: BenchArgs) -> Result<i32> {
         }
         if wants("serve") {
             crate::tools::bench_serve::serve(&ledger, args.history_events, 10_000).await?;
+        }
+        if wants("limits") {
+            crate::tools::bench_limits::limits(&ledger, args.w3_jobs).await?;
         }
         if wants("w3-history") {
             history(&ledger, args.history_events).await?;
@@ -192,6 +195,7 @@ pub(crate) fn noop_worker(
         .prefetch(prefetch.unwrap_or(concurrency))
         .poll_every(Duration::from_millis(100))
         .sweeper(None)
+        .scheduler(None)
         .handler("noop", |_ctx| async { HandlerOutcome::Success(None) })
         .build()?)
 }

@@ -19,8 +19,15 @@ pub(crate) async fn schedule(ledger: Ledger, every: Duration, holder: String, st
     loop {
         tokio::select! { _ = stop.cancelled() => break, _ = tick.tick() => {} }
         let held = match token {
-            Some(t) => ledger.renew_scheduler_lease(t, lease).await.unwrap_or(false).then_some(t),
-            None => ledger.acquire_scheduler_lease(&holder, lease).await.unwrap_or(None),
+            Some(t) => ledger
+                .renew_scheduler_lease(t, lease)
+                .await
+                .unwrap_or(false)
+                .then_some(t),
+            None => ledger
+                .acquire_scheduler_lease(&holder, lease)
+                .await
+                .unwrap_or(None),
         };
         if held.is_some() && token.is_none() {
             tracing::info!(holder = %holder, "this worker is the active scheduler");

@@ -62,7 +62,11 @@ fn fall_back_fires_the_repeated_slot_once_in_its_first_pass() {
     // A cursor inside the second pass never walks back into the first.
     let hourly = spec("30 * * * *", "America/New_York", Missed::All, 0);
     let slots = all_slots(&hourly, "2026-11-01T06:10:00Z", "2026-11-01T08:00:00Z");
-    assert_eq!(slots, ["2026-11-01T07:30:00+00:00"], "02:30 EST; 01:30 EST is skipped");
+    assert_eq!(
+        slots,
+        ["2026-11-01T07:30:00+00:00"],
+        "02:30 EST; 01:30 EST is skipped"
+    );
 }
 
 #[test]
@@ -80,16 +84,26 @@ fn missed_slot_policies() {
     assert_eq!(p.fire.len(), 4, "the latest 3 missed and the on-time one");
     assert_eq!(p.fire[0], utc("2026-12-02T10:07:00Z"));
     let s = p.skipped.unwrap();
-    assert_eq!((s.first, s.last, s.count), (utc("2026-12-02T10:01:00Z"), utc("2026-12-02T10:06:00Z"), 6));
+    assert_eq!(
+        (s.first, s.last, s.count),
+        (utc("2026-12-02T10:01:00Z"), utc("2026-12-02T10:06:00Z"), 6)
+    );
     // Late by more than ON_TIME: nothing is on time.
     let late = utc("2026-12-02T10:11:30Z");
     let p = plan(&spec("*/5 * * * *", "UTC", Missed::Skip, 0), cursor, late).unwrap();
     assert!(p.fire.is_empty(), "10:10 is 90 s old");
     assert_eq!(p.skipped.unwrap().count, 2);
     let p = plan(&spec("*/5 * * * *", "UTC", Missed::Once, 0), cursor, late).unwrap();
-    assert_eq!(p.fire, [utc("2026-12-02T10:10:00Z")], "one firing stands for the outage");
+    assert_eq!(
+        p.fire,
+        [utc("2026-12-02T10:10:00Z")],
+        "one firing stands for the outage"
+    );
     // Nothing due: nothing to record.
-    assert_eq!(plan(&spec("0 0 1 1 *", "UTC", Missed::All, 9), cursor, now).unwrap(), Plan::default());
+    assert_eq!(
+        plan(&spec("0 0 1 1 *", "UTC", Missed::All, 9), cursor, now).unwrap(),
+        Plan::default()
+    );
 }
 
 #[test]
@@ -119,7 +133,9 @@ fn a_slot_fires_once_and_the_stream_replays() {
     again.version = 3;
     again.prev_hash = s2.last_hash.clone();
     again.hash = schedule_event_hash(&again);
-    assert!(apply_schedule(&s2, &again).unwrap_err().contains("not after the cursor"));
+    assert!(apply_schedule(&s2, &again)
+        .unwrap_err()
+        .contains("not after the cursor"));
     let bad = spec("61 * * * *", "UTC", Missed::Skip, 0);
     assert!(matches!(
         decide_schedule(&s0, &ScheduleCommand::Create(bad), "ops", "r", now),

@@ -24,7 +24,15 @@ pub fn merchant_of(i: usize) -> String {
 /// Sets the limit and creates the schedule, before any job exists.
 pub async fn set_up(ledger: &Ledger) -> Result<()> {
     ledger
-        .set_concurrency_limit(QUEUE, "per-merchant", None, Some("merchant-*"), PER_MERCHANT, "chaos", "per-merchant cap")
+        .set_concurrency_limit(
+            QUEUE,
+            "per-merchant",
+            None,
+            Some("merchant-*"),
+            PER_MERCHANT,
+            "chaos",
+            "per-merchant cap",
+        )
         .await?;
     let spec = ScheduleSpec {
         cron: "* * * * * *".into(),
@@ -36,7 +44,9 @@ pub async fn set_up(ledger: &Ledger) -> Result<()> {
         missed: Missed::All,
         max_catch_up: 1000,
     };
-    ledger.create_schedule(SCHEDULE, &spec, "chaos", "a refund a second").await?;
+    ledger
+        .create_schedule(SCHEDULE, &spec, "chaos", "a refund a second")
+        .await?;
     Ok(())
 }
 
@@ -63,11 +73,17 @@ pub async fn check(ledger: &Ledger, r: &mut Report) -> Result<()> {
         .filter(|(_, n)| *n > i64::from(PER_MERCHANT))
         .map(|(k, n)| format!("{k}: {n} leased at once (cap {PER_MERCHANT})"))
         .collect();
-    r.check("never more than the cap leased per key at once (from the log)", &over);
+    r.check(
+        "never more than the cap leased per key at once (from the log)",
+        &over,
+    );
     r.most_leased_per_key = most.iter().map(|(_, n)| *n).max().unwrap_or(0);
     let h = ledger.schedule_history(SCHEDULE).await?;
     let time = |e: &jobledger::domain::schedule::ScheduleEvent, f: &str| {
-        e.data[f].as_str().and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok()).map(|t| t.timestamp())
+        e.data[f]
+            .as_str()
+            .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
+            .map(|t| t.timestamp())
     };
     let created = h.first().and_then(|e| time(e, "cursor")).unwrap_or_default();
     let mut last = created;
@@ -96,7 +112,10 @@ pub async fn check(ledger: &Ledger, r: &mut Report) -> Result<()> {
             last - created
         ));
     }
-    r.check("every schedule slot fired once or was recorded as skipped", &problems);
+    r.check(
+        "every schedule slot fired once or was recorded as skipped",
+        &problems,
+    );
     r.schedule_fired = fired;
     r.schedule_skipped = skipped;
     Ok(())
