@@ -330,3 +330,46 @@ async fn a_uniqueness_window_expires_into_a_new_epoch() {
     assert_eq!(db.state_of(second.job.job_id).await, JobState::Queued);
     db.assert_verified().await;
 }
+
+#[tokio::test]
+async fn many_keys_each_get_their_turn() {
+    let db = fresh().await;
+    let l = &db.ledger;
+    l.set_concurrency_limit("q", "each", None, None, 1, "ops", "r")
+        .await
+        .unwrap();
+    // 300 keys, two jobs each; a claim of one walks only a few keys, and
+    // the keys at their cap must not hide the rest from later claims.
+    let news: Vec<NewJob> = (0..600).map(|i| keyed(&format!("k{:03}", i % 300), i)).collect();
+    l.enqueue_many_as(news, "test").await.unwrap();
+    let mut keys = std::collections::BTreeSet::new();
+    for _ in 0..300 {
+        let got = l.claim("q", "w", Duration::from_secs(30), 1).await.unwrap();
+        assert_eq!(got.len(), 1, "after {} keys", keys.len());
+        keys.insert(
+            got[0]
+                .job()
+                .unwrap()
+                .admission
+                .clone()
+                .unwrap()
+                .concurrency_key
+                .unwrap(),
+        );
+    }
+    assert_eq!(keys.len(), 300, "every key once: its cap is 1");
+    db.claim_none("w").await;
+    assert!(most_leased_per_key(&db).await.iter().all(|(_, n)| *n == 1));
+}
+
+#[tokio::test]
+async fn slot_keys_belong_to_the_schedules() {
+    let db = fresh().await;
+    let n = new_job(
+        "q",
+        Some("schedule:nightly:2026-12-03T03:00:00.000000Z"),
+        json!({}),
+    );
+    let e = db.ledger.enqueue(n).await.unwrap_err();
+    assert!(e.to_string().contains("schedules' own"), "{e}");
+}

@@ -71,22 +71,29 @@ pub fn parse(spec: &ScheduleSpec) -> Result<(croner::Cron, Tz), String> {
     Ok((cron, tz))
 }
 
-/// The first slot strictly after `after`. On a fall-back day the local
-/// times after `after` can map back before it (the first pass of the
-/// repeated hour): those are stepped over, so slots only move forward.
+/// The first slot strictly after `after`. A local time that occurs twice
+/// (a fall-back day) is a slot in its first pass only: croner maps it
+/// there, so when `after` lies in the second pass the next slot is the
+/// first at or after the end of the repeated hour.
 pub fn next_slot(cron: &croner::Cron, tz: &Tz, after: DateTime<Utc>) -> Option<DateTime<Utc>> {
-    let mut from = after;
-    for _ in 0..4 {
-        let next = cron
-            .find_next_occurrence(&tz.from_utc_datetime(&from.naive_utc()), false)
-            .ok()?
-            .with_timezone(&Utc);
-        if next > after {
-            return Some(next);
-        }
-        from += Duration::minutes(30);
+    use chrono::{LocalResult, Timelike};
+    let local = tz.from_utc_datetime(&after.naive_utc());
+    let next = cron.find_next_occurrence(&local, false).ok()?.with_timezone(&Utc);
+    if next > after {
+        return Some(next);
     }
-    None
+    // Folds start and end on whole minutes; walk to the first local minute
+    // that is not ambiguous (at most a day of minutes, in practice 60).
+    let mut n = local.naive_local().with_second(0)?.with_nanosecond(0)?;
+    for _ in 0..(24 * 60) {
+        if !matches!(tz.from_local_datetime(&n), LocalResult::Ambiguous(..)) {
+            break;
+        }
+        n += Duration::minutes(1);
+    }
+    let start = tz.from_local_datetime(&n).earliest()?;
+    let next = cron.find_next_occurrence(&start, true).ok()?.with_timezone(&Utc);
+    (next > after).then_some(next)
 }
 
 /// Slots missed and not fired, as the `skipped` event records them.
@@ -122,6 +129,19 @@ pub fn plan(spec: &ScheduleSpec, cursor: DateTime<Utc>, now: DateTime<Utc>) -> R
     let Some(&latest) = due.last() else {
         return Ok(Plan::default());
     };
+    if due.len() == MAX_SLOTS_WALKED {
+        // More may follow: these are all missed, and the policy applies
+        // once, to the last stretch (so `once` fires once and `all` at most
+        // its catch-up however long the outage).
+        return Ok(Plan {
+            fire: vec![],
+            skipped: Some(Skipped {
+                first: due[0],
+                last: latest,
+                count: due.len() as u64,
+            }),
+        });
+    }
     let on_time = (now - latest).num_milliseconds() < ON_TIME_MS;
     let missed = if on_time { &due[..due.len() - 1] } else { &due[..] };
     let mut fire: Vec<DateTime<Utc>> = match spec.missed {
@@ -246,7 +266,13 @@ pub fn decide_schedule(
             )))
         }
         C::Create(spec) => {
-            parse(spec).map_err(ScheduleRefusal::Invalid)?;
+            let (cron, tz) = parse(spec).map_err(ScheduleRefusal::Invalid)?;
+            if next_slot(&cron, &tz, now).is_none() {
+                return Err(ScheduleRefusal::Invalid(format!(
+                    "cron expression {:?} never fires",
+                    spec.cron
+                )));
+            }
             (
                 ScheduleAction::Created,
                 json!({ "spec": spec, "cursor": fmt_time(now) }),

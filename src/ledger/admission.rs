@@ -28,7 +28,9 @@ use crate::store::StoreError;
 
 /// How many rows a limited claim looks at per lease it may grant: enough
 /// that keys at their cap leave room for the others in one pass.
-const POOL_PER_LEASE: i64 = 4;
+const POOL_PER_LEASE: i64 = 2;
+/// How many keys a limited claim walks per row of its pool.
+const KEYS_PER_LEASE: i64 = 4;
 
 impl Ledger {
     /// The limited claim: at most `limit` leases, within the rate budget
@@ -52,7 +54,9 @@ impl Ledger {
                 return Ok(vec![]);
             }
         }
-        let candidates = adm::lock_candidates(&mut tx, queue, holder, limit * POOL_PER_LEASE).await?;
+        let pool = limit * POOL_PER_LEASE;
+        let keys = self.walk_keys(&mut tx, queue, pool).await?;
+        let candidates = adm::lock_candidates(&mut tx, queue, holder, pool, &keys).await?;
         let chosen = admit(&mut tx, queue, candidates, limit).await?;
         let cmd = |_: &Job| Command::Claim {
             holder: holder.to_string(),
@@ -67,6 +71,29 @@ impl Ledger {
         Ok(results
             .iter()
             .filter_map(|r| Lease::from_claim(self, r))
+            .collect())
+    }
+}
+
+impl Ledger {
+    /// Keys whose first jobs the claim considers: up to `KEYS_PER_LEASE`
+    /// per lease, walked from after where this queue's last walk ended
+    /// (from the start once a walk reached the end), the ones at their cap
+    /// left out. So every key gets its turn however many keys there are,
+    /// and a claim costs the same for ten keys or a million.
+    async fn walk_keys(&self, conn: &mut PgConnection, queue: &str, pool: i64) -> LedgerResult<Vec<String>> {
+        let budget = pool * KEYS_PER_LEASE;
+        let after = self.key_cursors.lock().expect("cursors").get(queue).cloned();
+        let walked = adm::walk_keys(&mut *conn, queue, after.as_deref(), budget).await?;
+        let mut cursors = self.key_cursors.lock().expect("cursors");
+        match walked.last() {
+            Some((k, _)) if walked.len() as i64 >= budget => cursors.insert(queue.to_string(), k.clone()),
+            _ => cursors.remove(queue),
+        };
+        Ok(walked
+            .into_iter()
+            .filter(|(_, full)| !full)
+            .map(|(k, _)| k)
             .collect())
     }
 }

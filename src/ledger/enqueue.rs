@@ -129,10 +129,20 @@ impl Ledger {
     ) -> LedgerResult<Vec<Enqueued>> {
         for (n, _) in &items {
             self.check_new(n)?;
+            // Slot keys belong to the schedules: a job taking one would
+            // stop the slot from firing (or pass for its firing).
+            if actor != SCHEDULER && n.job_key.as_deref().is_some_and(|k| k.starts_with("schedule:")) {
+                return Err(LedgerError::BadInput(
+                    "job keys starting with \"schedule:\" are the schedules' own".into(),
+                ));
+            }
         }
         insert_drafts(conn, items, self.hooks.after_epochs.as_ref(), actor).await
     }
 }
+
+/// The actor of a schedule's firings (the only one that may use slot keys).
+pub(crate) const SCHEDULER: &str = "scheduler";
 
 type AfterEpochs = std::sync::Arc<dyn Fn() -> crate::worker::BoxFuture<()> + Send + Sync>;
 

@@ -42,6 +42,9 @@ pub struct Ledger {
     pool: PgPool,
     limits: Limits,
     hooks: LedgerHooks,
+    /// Per limited queue, the key the last limited claim's walk over keys
+    /// ended at: the next walk starts after it (ledger::admission).
+    key_cursors: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, String>>>,
 }
 
 /// Test hooks: gates between the steps of a write, so tests can force an
@@ -67,6 +70,7 @@ impl Ledger {
             pool,
             limits: Limits::default(),
             hooks: LedgerHooks::default(),
+            key_cursors: Default::default(),
         }
     }
 

@@ -323,7 +323,7 @@ impl Ledger {
                 && p.map(|p| p.reason.as_str()) == row.reason.as_deref();
             if !same {
                 problems.push(format!(
-                    "queue {:?}: the state (v{}, paused {}) is not what its events leave (v{}, paused {})",
+                    "queue {:?}: the state (v{}, paused {}, limits, rate) is not what its events leave (v{}, paused {})",
                     row.queue,
                     row.version,
                     row.paused,

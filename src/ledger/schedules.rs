@@ -289,7 +289,9 @@ impl Ledger {
             .iter()
             .map(|slot| (slot_job(&spec, name, *slot), None))
             .collect();
-        let enqueued = self.enqueue_drafts_in(&mut tx, jobs, "scheduler").await?;
+        let enqueued = self
+            .enqueue_drafts_in(&mut tx, jobs, super::enqueue::SCHEDULER)
+            .await?;
         for (slot, e) in p.fire.iter().zip(enqueued) {
             let fire = ScheduleCommand::Fire {
                 slot: *slot,

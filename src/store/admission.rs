@@ -22,9 +22,10 @@ pub struct Candidate {
 
 /// Claimable rows of a limited queue, locked with SKIP LOCKED: expired
 /// leases under the reconcile policy first, then due jobs: the first
-/// `pool` in line, and besides them the first few of every key (walked
-/// one index probe per key), so a hot key's backlog, however long and
-/// old, cannot crowd the other keys out. Due jobs whose key holds its cap
+/// `pool` in line, and besides them the first few jobs of each of `keys`
+/// (from `walk_keys`), at most `pool` of those, so a hot key's backlog,
+/// however long and old, cannot crowd the other keys out, and a queue of
+/// many keys costs a claim no more than its pool. Due jobs whose key holds its cap
 /// already are no candidates. Nothing when the queue is paused. Each
 /// row's `rn` is its place within its key (1 for unkeyed jobs).
 pub async fn lock_candidates(
@@ -32,6 +33,7 @@ pub async fn lock_candidates(
     queue: &str,
     holder: &str,
     pool: i64,
+    keys: &[String],
 ) -> StoreResult<Vec<Candidate>> {
     let covers = |j: &str| {
         format!(
@@ -48,24 +50,21 @@ pub async fn lock_candidates(
     };
     let keyed_due = "queue = $1 AND state = 'queued' AND admission ? 'concurrency_key'";
     let sql = format!(
-        "WITH RECURSIVE ctl AS (SELECT limits FROM jobledger.queues WHERE queue = $1 AND NOT paused), \
+        "WITH ctl AS (SELECT limits FROM jobledger.queues WHERE queue = $1 AND NOT paused), \
          lim AS (SELECT l.value ->> 'kind' AS kind, l.value ->> 'like' AS pat, (l.value ->> 'max')::int AS max \
                  FROM ctl, jsonb_each(ctl.limits) l), \
          held AS (SELECT {key} AS ckey, count(*) AS n FROM jobledger.jobs \
                   WHERE queue = $1 AND state IN ('leased', 'cancel_requested') AND admission ? 'concurrency_key' \
                   GROUP BY 1), \
-         keys AS ( \
-            (SELECT {key} AS k FROM jobledger.jobs WHERE {keyed_due} ORDER BY 1 LIMIT 1) \
-            UNION ALL \
-            SELECT (SELECT {key} FROM jobledger.jobs WHERE {keyed_due} AND {key} > keys.k ORDER BY 1 LIMIT 1) \
-            FROM keys WHERE keys.k IS NOT NULL), \
          heads AS ( \
-            SELECT h.job_id, h.rn FROM keys, LATERAL ( \
-              SELECT job_id, row_number() OVER (ORDER BY priority, run_at) AS rn FROM ( \
-                SELECT job_id, priority, run_at FROM jobledger.jobs \
-                WHERE {keyed_due} AND {key} = keys.k AND run_at <= now() \
-                ORDER BY priority, run_at LIMIT least($2, (SELECT coalesce(max(max), 1) FROM lim))) x) h \
-            WHERE keys.k IS NOT NULL), \
+            SELECT job_id, rn FROM ( \
+              SELECT h.job_id, h.rn, h.priority, h.run_at FROM unnest($4::text[]) keys(k), LATERAL ( \
+                SELECT job_id, priority, run_at, row_number() OVER (ORDER BY priority, run_at) AS rn FROM ( \
+                  SELECT job_id, priority, run_at FROM jobledger.jobs \
+                  WHERE {keyed_due} AND {key} = keys.k AND run_at <= now() \
+                  ORDER BY priority, run_at LIMIT least($2, (SELECT coalesce(max(max), 1) FROM lim))) x) h \
+              ) hh \
+            ORDER BY rn, priority, run_at LIMIT $2), \
          line AS (SELECT job_id, 1::int8 AS rn FROM jobledger.jobs l \
                   WHERE queue = $1 AND state = 'queued' AND run_at <= now() AND NOT {} \
                   ORDER BY priority, run_at LIMIT $2), \
@@ -94,7 +93,44 @@ pub async fn lock_candidates(
         .bind(queue)
         .bind(pool)
         .bind(holder)
+        .bind(keys)
         .fetch_all(conn)
+        .await?)
+}
+
+/// Up to `budget` distinct keys of the queue's due keyed jobs, in key
+/// order after `after` (from the start when None), one index probe each (a
+/// loose scan of `jobs_key_due`), each with whether it holds its cap under
+/// a limit of every kind (kind-scoped limits are left to the claim).
+pub async fn walk_keys<'e>(
+    exec: impl PgExecutor<'e>,
+    queue: &str,
+    after: Option<&str>,
+    budget: i64,
+) -> StoreResult<Vec<(String, bool)>> {
+    let key = "admission ->> 'concurrency_key'";
+    let keyed_due = "queue = $1 AND state = 'queued' AND admission ? 'concurrency_key'";
+    let sql = format!(
+        "WITH RECURSIVE keys AS ( \
+            (SELECT {key} AS k, 1 AS n FROM jobledger.jobs \
+             WHERE {keyed_due} AND ($2::text IS NULL OR {key} > $2) ORDER BY {key} LIMIT 1) \
+            UNION ALL \
+            SELECT (SELECT {key} FROM jobledger.jobs WHERE {keyed_due} AND {key} > keys.k ORDER BY 1 LIMIT 1), \
+                   keys.n + 1 \
+            FROM keys WHERE keys.k IS NOT NULL AND keys.n < $3), \
+         lim AS (SELECT l.value ->> 'like' AS pat, (l.value ->> 'max')::int AS max \
+                 FROM jobledger.queues q, jsonb_each(q.limits) l \
+                 WHERE q.queue = $1 AND l.value ->> 'kind' IS NULL) \
+         SELECT k, coalesce((SELECT count(*) FROM jobledger.jobs WHERE queue = $1 \
+                   AND state IN ('leased', 'cancel_requested') AND {key} = keys.k) \
+                   >= (SELECT min(max) FROM lim WHERE lim.pat IS NULL OR keys.k LIKE lim.pat), false) \
+         FROM keys WHERE k IS NOT NULL ORDER BY n"
+    );
+    Ok(sqlx::query_as(&sql)
+        .bind(queue)
+        .bind(after)
+        .bind(budget)
+        .fetch_all(exec)
         .await?)
 }
 
