@@ -276,11 +276,11 @@ impl Ledger {
 
     /// Every queue that was ever paused.
     pub async fn queue_controls(&self) -> LedgerResult<Vec<QueueStatus>> {
-        Ok(queues::controlled_queues(&self.pool)
+        queues::controlled_queues(&self.pool)
             .await?
             .into_iter()
             .map(TryInto::try_into)
-            .collect::<LedgerResult<_>>()?)
+            .collect()
     }
 
     /// A queue's pauses and resumes, oldest first.

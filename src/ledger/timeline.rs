@@ -18,7 +18,7 @@ type Result<T> = LedgerResult<T>;
 
 enum Item {
     /// An event, and the workflow step it belongs to (for `history PARENT`).
-    Event(HistoryEntry, Option<String>),
+    Event(Box<HistoryEntry>, Option<String>),
     Refused(RejectionRow, Option<String>),
 }
 
@@ -34,7 +34,10 @@ impl Item {
 async fn items(ledger: &Ledger, job: Uuid) -> Result<Vec<Item>> {
     let history = ledger.history(job).await?;
     let members = ledger.workflow_members(&history[0].event).await?;
-    let mut items: Vec<Item> = history.into_iter().map(|h| Item::Event(h, None)).collect();
+    let mut items: Vec<Item> = history
+        .into_iter()
+        .map(|h| Item::Event(Box::new(h), None))
+        .collect();
     items.extend(
         ledger
             .rejections(job)
@@ -44,7 +47,11 @@ async fn items(ledger: &Ledger, job: Uuid) -> Result<Vec<Item>> {
     );
     // A workflow's history is its own edges and its steps', in time.
     for (m, events, refused) in members {
-        items.extend(events.into_iter().map(|h| Item::Event(h, Some(m.step.clone()))));
+        items.extend(
+            events
+                .into_iter()
+                .map(|h| Item::Event(Box::new(h), Some(m.step.clone()))),
+        );
         items.extend(
             refused
                 .into_iter()
