@@ -39,7 +39,7 @@ fn quick_chaos_run_keeps_every_promise() {
     let (code, r, stderr) = chaos(&[]);
     assert_eq!(r["violations"], serde_json::json!([]), "{stderr}");
     assert_eq!(code, 0, "{stderr}");
-    assert_eq!(r["checks"].as_array().unwrap().len(), 13);
+    assert_eq!(r["checks"].as_array().unwrap().len(), 15);
     let f = &r["faults"];
     for (fault, at_least) in [
         ("worker_kill9", 1),
@@ -64,8 +64,14 @@ fn quick_chaos_run_keeps_every_promise() {
         (r["workflows"].as_i64(), r["workflow_steps"].as_i64()),
         (Some(34), Some(102))
     );
-    assert_eq!(jobs, 1034);
-    assert_eq!(r["jobs_enqueued"], 1034);
+    // Issue 13: the per-second schedule's refunds come on top, each slot
+    // fired once or recorded as skipped (a check above), and the per-key
+    // cap was reached and held (read from the log).
+    let fired = r["schedule_fired"].as_i64().unwrap();
+    assert!(fired >= 5, "the schedule fired through the run: {r}");
+    assert_eq!(jobs, 1034 + fired);
+    assert_eq!(r["jobs_enqueued"], 1034 + fired);
+    assert_eq!(r["most_leased_per_key"], 3, "the cap binds and holds");
     assert!(r["kafka"]["messages"].as_u64().unwrap() >= r["events"].as_u64().unwrap());
     // The faults did what they are for: leases were taken over, the frozen
     // holders' late writes were refused, and successors reconciled with the

@@ -211,10 +211,7 @@ impl Ledger {
         reason: &str,
     ) -> LedgerResult<QueueChange> {
         self.limits.name("queue", queue)?;
-        self.limits.name("operator", operator)?;
-        typed("operator", operator)?;
-        typed("reason", reason)?;
-        self.limits.text("reason", reason)?;
+        self.limits.control("operator", operator, reason)?;
         let mut tx = self.pool.begin().await?;
         let row = queues::lock_queue(&mut tx, queue).await?;
         let current = control_of(queue, row.as_ref())?;

@@ -204,10 +204,7 @@ impl Ledger {
                 "a schedule name is at most {MAX_SCHEDULE_NAME} bytes"
             )));
         }
-        self.limits.name("operator", operator)?;
-        typed("operator", operator)?;
-        typed("reason", reason)?;
-        self.limits.text("reason", reason)?;
+        self.limits.control("operator", operator, reason)?;
         let mut tx = self.pool.begin().await?;
         let row = st::lock_schedule(&mut tx, name).await?;
         let s = state_of(name, row.as_ref())?;

@@ -42,6 +42,14 @@ impl Limits {
         Ok(())
     }
 
+    /// Who changes a control stream (a queue's, a schedule's) and why.
+    pub fn control(&self, who: &str, operator: &str, reason: &str) -> LedgerResult<()> {
+        self.name(who, operator)?;
+        typed(who, operator)?;
+        typed("reason", reason)?;
+        self.text("reason", reason)
+    }
+
     pub fn name(&self, what: &str, value: &str) -> LedgerResult<()> {
         if value.is_empty() {
             return Err(LedgerError::BadInput(format!("{what} must not be empty")));
