@@ -373,3 +373,41 @@ async fn slot_keys_belong_to_the_schedules() {
     let e = db.ledger.enqueue(n).await.unwrap_err();
     assert!(e.to_string().contains("schedules' own"), "{e}");
 }
+
+/// The reviewer's case: a claim used to lock the first jobs of every key
+/// and take a lock per key; with 20,000 keys it ran for minutes and failed
+/// with "out of shared memory". A claim of one locks about its pool.
+#[tokio::test]
+async fn a_claim_of_a_queue_with_many_keys_locks_only_its_pool() {
+    let db = fresh().await;
+    let l = &db.ledger;
+    for start in (0..20_000).step_by(1000) {
+        let news: Vec<NewJob> = (start..start + 1000)
+            .map(|i| keyed(&format!("key-{i:05}"), i))
+            .collect();
+        l.enqueue_many_as(news, "test").await.unwrap();
+    }
+    l.set_concurrency_limit("q", "each", None, None, 1, "ops", "r")
+        .await
+        .unwrap();
+    let got = l.claim("q", "w", Duration::from_secs(30), 1).await.unwrap();
+    assert_eq!(got.len(), 1);
+    // While a claim holds its candidates, another finds plenty left.
+    let mut tx = l.pool().begin().await.unwrap();
+    let held: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM (SELECT 1 FROM jobledger.jobs WHERE queue = 'q' AND state = 'queued' \
+         FOR UPDATE SKIP LOCKED) x",
+    )
+    .fetch_one(&mut *tx)
+    .await
+    .unwrap();
+    assert_eq!(held, 19_999, "nothing stays locked after the claim");
+    tx.rollback().await.unwrap();
+    assert_eq!(
+        l.claim("q", "w", Duration::from_secs(30), 10)
+            .await
+            .unwrap()
+            .len(),
+        10
+    );
+}
