@@ -20,25 +20,12 @@ fn keyed(key: &str, i: usize) -> NewJob {
     n
 }
 
-/// From the log alone: per concurrency key (read from each job's
-/// `enqueued` event), the most leases held at once, sweeping lease starts
-/// (+1) and ends (-1) by their database time, ends first at a tie.
+/// From the log alone (the chaos checker's query): per concurrency key,
+/// the most leases held at once.
 async fn most_leased_per_key(db: &TestDb) -> Vec<(String, i64)> {
-    sqlx::query_as(
-        "WITH keyed AS (SELECT job_id, data -> 'admission' ->> 'concurrency_key' AS k FROM jobledger.events \
-                        WHERE version = 1 AND data -> 'admission' ? 'concurrency_key'), \
-         d AS (SELECT k, e.recorded_at AS t, \
-                 CASE WHEN e.to_state IN ('leased', 'cancel_requested') \
-                        AND coalesce(e.from_state, '') NOT IN ('leased', 'cancel_requested') THEN 1 \
-                      WHEN e.from_state IN ('leased', 'cancel_requested') \
-                        AND e.to_state NOT IN ('leased', 'cancel_requested') THEN -1 ELSE 0 END AS d \
-               FROM jobledger.events e JOIN keyed USING (job_id)) \
-         SELECT k, max(n)::int8 FROM (SELECT k, sum(d) OVER (PARTITION BY k ORDER BY t, d) AS n FROM d WHERE d <> 0) x \
-         GROUP BY k ORDER BY k",
-    )
-    .fetch_all(db.ledger.pool())
-    .await
-    .unwrap()
+    jobledger::store::audit::most_leased_per_key(db.ledger.pool())
+        .await
+        .unwrap()
 }
 
 #[tokio::test]

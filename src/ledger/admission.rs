@@ -99,11 +99,8 @@ impl Ledger {
 }
 
 async fn rate_terms(conn: &mut PgConnection, queue: &str) -> LedgerResult<Option<RateLimit>> {
-    // Only a rated queue's claims lock its row; the terms are read under it.
-    let (_, controlled) = adm::queue_is_controlled(&mut *conn, queue).await?;
-    if !controlled {
-        return Ok(None);
-    }
+    // The claim found the queue controlled already; its row is locked here
+    // (rated queues' claims serialise on it) and the terms read under it.
     let Some(v) = adm::lock_rate(conn, queue).await? else {
         return Ok(None);
     };

@@ -178,11 +178,15 @@ pub async fn held_per_key<'e>(
 /// queue serialise here, so the window's count is never read twice.
 pub async fn lock_rate(conn: &mut PgConnection, queue: &str) -> StoreResult<Option<serde_json::Value>> {
     Ok(
-        sqlx::query_scalar("SELECT rate FROM jobledger.queues WHERE queue = $1 FOR UPDATE")
-            .bind(queue)
-            .fetch_optional(conn)
-            .await?
-            .flatten(),
+        // Only a rated queue's row: claims of a queue with limits alone
+        // need not wait for each other here (their keys' locks order them).
+        sqlx::query_scalar(
+            "SELECT rate FROM jobledger.queues WHERE queue = $1 AND rate IS NOT NULL FOR UPDATE",
+        )
+        .bind(queue)
+        .fetch_optional(conn)
+        .await?
+        .flatten(),
     )
 }
 
