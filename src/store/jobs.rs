@@ -156,7 +156,7 @@ pub async fn dead_job_ids<'e>(
 ) -> StoreResult<Vec<Uuid>> {
     Ok(sqlx::query_scalar(
         "SELECT job_id FROM jobledger.jobs WHERE state = 'dead' AND reason = $1 \
-         AND updated_at >= $2 AND updated_at < $3 ORDER BY updated_at, job_id",
+         AND ended_at >= $2 AND ended_at < $3 ORDER BY ended_at, job_id",
     )
     .bind(reason)
     .bind(since)
@@ -173,7 +173,7 @@ pub async fn purgeable_job_ids<'e>(
 ) -> StoreResult<Vec<Uuid>> {
     Ok(sqlx::query_scalar(
         "SELECT job_id FROM jobledger.jobs WHERE state IN ('succeeded', 'cancelled', 'dead') \
-         AND updated_at < now() - make_interval(secs => $1::double precision / 1000) ORDER BY updated_at LIMIT $2",
+         AND ended_at < now() - make_interval(secs => $1::double precision / 1000) ORDER BY ended_at LIMIT $2",
     )
     .bind(older_than_ms)
     .bind(limit)

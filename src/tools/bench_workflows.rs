@@ -60,7 +60,7 @@ fn spec(i: usize, round: usize, queue: &str) -> WorkflowSpec {
 /// two over seconds (other guests on the host), so one W3 phase followed by
 /// one workflow phase compares two different machines. Alternating them and
 /// taking the median of the per-round ratios compares like with like.
-const ROUNDS: usize = 3;
+const ROUNDS: usize = 5;
 
 pub async fn workflows(ledger: &Ledger, n: usize) -> Result<()> {
     let steps = n * 10;
