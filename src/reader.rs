@@ -358,6 +358,7 @@ impl jobledger_projections::LogSource for LogReader {
                     recorded_at: e.row.recorded_at,
                     prev_hash: e.row.prev_hash,
                     hash: e.row.hash,
+                    schema: e.row.schema,
                 })
                 .collect();
             Ok((

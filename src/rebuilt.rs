@@ -30,6 +30,7 @@ fn to_row(e: &LogEvent) -> EventRow {
         recorded_at: e.recorded_at,
         prev_hash: e.prev_hash.clone(),
         hash: e.hash.clone(),
+        schema: e.schema,
     }
 }
 

@@ -255,12 +255,16 @@ async fn load(db: &TestDb) {
         .execute(&mut *tx)
         .await
         .unwrap();
-    let cols = jobledger::store::rows::EVENT_COLUMNS;
+    // The columns the old rows have: a column added since (the schema
+    // version) takes its default, as it did for the rows of a real upgrade.
+    let events = read("events.ndjson");
+    let cols: Vec<String> = events[0].as_object().unwrap().keys().cloned().collect();
+    let cols = cols.join(", ");
     sqlx::query(&format!(
-        "INSERT INTO jobledger.events (position, {cols}) OVERRIDING SYSTEM VALUE \
-         SELECT position, {cols} FROM jsonb_populate_recordset(NULL::jobledger.events, $1)"
+        "INSERT INTO jobledger.events ({cols}) OVERRIDING SYSTEM VALUE \
+         SELECT {cols} FROM jsonb_populate_recordset(NULL::jobledger.events, $1)"
     ))
-    .bind(read("events.ndjson"))
+    .bind(events)
     .execute(&mut *tx)
     .await
     .unwrap();
@@ -269,6 +273,14 @@ async fn load(db: &TestDb) {
         "INSERT INTO jobledger.jobs ({cols}) SELECT {cols} FROM jsonb_populate_recordset(NULL::jobledger.jobs, $1)"
     ))
     .bind(read("jobs.ndjson"))
+    .execute(&mut *tx)
+    .await
+    .unwrap();
+    // Positions and epochs go on after the old ones, as in the old database.
+    sqlx::query(
+        "SELECT setval(pg_get_serial_sequence('jobledger.events', 'position'), (SELECT max(position) FROM jobledger.events)), \
+                setval('jobledger.epoch_seq', (SELECT max(epoch) FROM jobledger.events))",
+    )
     .execute(&mut *tx)
     .await
     .unwrap();
@@ -311,5 +323,71 @@ async fn the_old_log_replays_verifies_and_rebuilds() {
         db.count("SELECT count(*) FROM jobledger_proj.job_timeline").await,
         63,
         "one timeline row per event"
+    );
+}
+
+/// The old observation reads as today's (its fence in `by`), a new event
+/// appended to an old job is written in today's schema and the chain goes
+/// on across the two; relabelling an old event's schema breaks its hash.
+#[tokio::test]
+async fn old_and_new_schemas_share_a_chain_and_the_schema_is_under_the_hash() {
+    use jobledger::domain::{EventBody, Fence};
+    let db = fresh().await;
+    load(&db).await;
+    let observed: Vec<jobledger::store::EventRow> = sqlx::query_as(&format!(
+        "SELECT position, {} FROM jobledger.events WHERE type = 'observed' ORDER BY position",
+        jobledger::store::rows::EVENT_COLUMNS
+    ))
+    .fetch_all(db.ledger.pool())
+    .await
+    .unwrap();
+    assert_eq!(observed.len(), 2);
+    assert!(observed
+        .iter()
+        .all(|r| r.schema == 1 && r.data.get("by_epoch").is_some()));
+    let bys: Vec<Option<Fence>> = observed
+        .iter()
+        .map(|r| match r.to_event().unwrap().body {
+            EventBody::Observed { by, .. } => by,
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(bys, vec![Some(Fence { epoch: 2, token: 1 }), None]);
+
+    let job = observed[0].job_id;
+    let r = db
+        .ledger
+        .observe(
+            job,
+            None,
+            "late-webhook",
+            json!({ "again": true }),
+            "webhook-receiver",
+        )
+        .await
+        .unwrap();
+    assert!(r.committed(), "{r:?}");
+    assert_eq!(
+        db.count(&format!(
+            "SELECT schema::int8 FROM jobledger.events WHERE job_id = '{job}' ORDER BY version DESC LIMIT 1"
+        ))
+        .await,
+        i64::from(jobledger::domain::schema::CURRENT)
+    );
+    db.assert_verified().await;
+
+    db.around_the_log(
+        "UPDATE jobledger.events SET schema = 2 WHERE job_id = $1 AND type = 'observed' AND schema = 1",
+        job,
+    )
+    .await;
+    let report = db.ledger.verify(Some(job)).await.unwrap();
+    assert!(
+        report
+            .problems
+            .iter()
+            .any(|p| p.position == Some(observed[0].position) && p.detail.contains("hash mismatch")),
+        "{:?}",
+        report.problems
     );
 }

@@ -1,9 +1,12 @@
-//! Decoding a Kafka message into a job event (schema 1 of the relay).
+//! Decoding a Kafka message into a job event (schemas 1 and 2 of the relay:
+//! the `schema` header and body field are the stored event's schema
+//! version, docs/schema.md; the envelope is the same in both).
 
 use rdkafka::message::{BorrowedMessage, Headers, Message};
 use serde_json::Value;
 
-pub const SCHEMA: i64 = 1;
+/// The newest event schema this crate decodes (it decodes every older one).
+pub const SCHEMA: i64 = 2;
 
 /// One job event as the relay published it. Every field a handler relies
 /// on is checked at decode: a message that decodes can be applied (or is a
@@ -23,6 +26,8 @@ pub struct JobEvent {
     pub to_state: String,
     pub reason: String,
     pub hash: String,
+    /// The schema version the event's `data` is written in.
+    pub schema: i64,
     /// The whole event as JSON (job_id, states, reason, data, hash, ...).
     pub body: Value,
     pub partition: i32,
@@ -97,7 +102,7 @@ pub fn decode_parts(
     offset: i64,
 ) -> Result<JobEvent, DecodeError> {
     let schema = int("schema")?;
-    if schema != SCHEMA {
+    if !(1..=SCHEMA).contains(&schema) {
         return Err(DecodeError::UnknownSchema(schema));
     }
     let key = std::str::from_utf8(key.ok_or(DecodeError::NoKey)?)
@@ -109,6 +114,9 @@ pub fn decode_parts(
     let body: Value = serde_json::from_slice(payload).map_err(|e| DecodeError::NotJson(e.to_string()))?;
     if !body.is_object() {
         return Err(DecodeError::NotJson("not an object".into()));
+    }
+    if body.get("schema").is_some_and(|s| s.as_i64() != Some(schema)) {
+        return Err(DecodeError::Mismatch("schema"));
     }
     for (name, v) in [("epoch", epoch), ("token", token), ("version", version)] {
         if body.get(name).and_then(Value::as_i64) != Some(v) {
@@ -167,6 +175,7 @@ pub fn decode_parts(
         to_state,
         reason,
         hash,
+        schema,
         body,
         partition,
         offset,

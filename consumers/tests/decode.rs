@@ -125,10 +125,33 @@ fn invalid_utf8_and_wrong_shapes_are_precise_errors() {
         Err(DecodeError::Mismatch("epoch"))
     );
     let mut h = good("5");
-    h.insert("schema", "2".into());
+    h.insert("schema", "3".into());
     assert_eq!(
         run(Some(b"k".to_vec()), Some(body.clone()), h),
-        Err(DecodeError::UnknownSchema(2))
+        Err(DecodeError::UnknownSchema(3))
+    );
+    let mut h = good("5");
+    h.insert("schema", "0".into());
+    assert_eq!(
+        run(Some(b"k".to_vec()), Some(body.clone()), h),
+        Err(DecodeError::UnknownSchema(0))
+    );
+    // Schema 2 (today's) decodes; a body that names another schema than
+    // its header is refused.
+    let mut h = good("5");
+    h.insert("schema", "2".into());
+    assert!(run(Some(b"k".to_vec()), Some(body.clone()), h).is_ok());
+    let mut relabelled: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    relabelled["schema"] = 1.into();
+    let mut h = good("5");
+    h.insert("schema", "2".into());
+    assert_eq!(
+        run(
+            Some(b"k".to_vec()),
+            Some(serde_json::to_vec(&relabelled).unwrap()),
+            h
+        ),
+        Err(DecodeError::Mismatch("schema"))
     );
     let mut h = good("5");
     h.remove("token");

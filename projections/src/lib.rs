@@ -51,6 +51,9 @@ pub struct Event {
     pub recorded_at: DateTime<Utc>,
     pub prev_hash: Option<String>,
     pub hash: String,
+    /// The schema version `data` was written in (jobledger's
+    /// `domain::schema`: read it through the upcasters, never raw).
+    pub schema: i16,
 }
 
 #[derive(Debug, thiserror::Error)]

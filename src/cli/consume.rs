@@ -58,12 +58,12 @@ pub async fn verify_audit_log(ledger: &Ledger, url: &str) -> Result<i32> {
     let mut copied: HashMap<(uuid::Uuid, i64), String> = HashMap::new();
     let mut prev: Option<(uuid::Uuid, i64, String)> = None;
     for body in &rows {
-        let Some(ev) = jobledger::relay::message::event_of(body) else {
+        let Some(ev) = jobledger::relay::message::row_of(body) else {
             problems += 1;
             line(&json!({ "problem": { "detail": "unreadable audit row", "body": body } }));
             continue;
         };
-        let recomputed = jobledger::domain::event_hash(&ev);
+        let recomputed = ev.stored_hash();
         let linked = match &prev {
             Some((job, v, h)) if *job == ev.job_id && *v + 1 == ev.version => {
                 ev.prev_hash.as_deref() == Some(h.as_str())

@@ -260,8 +260,7 @@ pub fn decide(job: &Job, cmd: &Command, ctx: &Ctx) -> Result<Event, Rejection> {
                 key: key.clone(),
                 data: data.clone(),
                 digest: dg,
-                by_epoch: fence.map(|f| f.epoch),
-                by_token: fence.map(|f| f.token),
+                by: *fence,
             };
             draft(job, body, job.state, Reason::Observation)
         }

@@ -14,8 +14,6 @@ use sha2::{Digest, Sha256};
 use super::event::Event;
 
 pub const DIGEST_VERSION: &str = "v1";
-/// Version of the event hash layout; part of the hashed bytes.
-pub const HASH_VERSION: i64 = 1;
 
 pub fn canonical_json(value: &Value) -> String {
     let mut out = String::new();
@@ -80,8 +78,12 @@ pub fn fmt_time(t: DateTime<Utc>) -> String {
 ///
 /// The hashed bytes are the canonical JSON of the object
 /// `{h, prev, job_id, version, epoch, token, attempt, run, from, to, reason,
-/// error_class, actor, at, type, data}`; `covered_value` builds that object
-/// and a test checks that this direct writer produces exactly its bytes.
+/// error_class, actor, at, type, data}` (layout `h` 1, the events of schema
+/// 1), plus `schema` (layout 2, schema 2 on): the schema is under the hash,
+/// so an event cannot be relabelled to be read by another upcaster.
+/// `covered_value` builds that object and a test checks that this direct
+/// writer produces exactly its bytes. New events are written in
+/// `schema::CURRENT`.
 pub fn event_hash(event: &Event) -> String {
     let (kind, data) = event.body.to_parts();
     hash_parts(event, &kind, &data)
@@ -89,33 +91,78 @@ pub fn event_hash(event: &Event) -> String {
 
 /// `event_hash` with the `type`/`data` split already done.
 pub fn hash_parts(event: &Event, kind: &str, data: &Value) -> String {
+    hash_stored(&HashInput {
+        job_id: &event.job_id.to_string(),
+        version: event.version,
+        epoch: event.epoch,
+        token: event.token,
+        attempt: event.attempt,
+        run: event.run,
+        from_state: event.from_state.map(|s| s.as_str()),
+        to_state: event.to_state.as_str(),
+        reason: event.reason.as_str(),
+        error_class: event.error_class.map(|c| c.as_str()),
+        actor: &event.actor,
+        recorded_at: event.recorded_at,
+        kind,
+        data,
+        prev_hash: event.prev_hash.as_deref(),
+        schema: super::schema::CURRENT,
+    })
+}
+
+/// The columns of a stored event as written (the data in its own schema):
+/// what `hash_stored` checks, whatever version wrote it.
+pub struct HashInput<'a> {
+    pub job_id: &'a str,
+    pub version: i64,
+    pub epoch: i64,
+    pub token: i64,
+    pub attempt: i32,
+    pub run: i32,
+    pub from_state: Option<&'a str>,
+    pub to_state: &'a str,
+    pub reason: &'a str,
+    pub error_class: Option<&'a str>,
+    pub actor: &'a str,
+    pub recorded_at: DateTime<Utc>,
+    pub kind: &'a str,
+    pub data: &'a Value,
+    pub prev_hash: Option<&'a str>,
+    pub schema: i16,
+}
+
+/// The hash of a stored event, in the layout of its schema.
+pub fn hash_stored(e: &HashInput<'_>) -> String {
     let mut out = String::with_capacity(512);
     let s = |v: &str| Value::String(v.to_string()).to_string();
     let opt = |v: Option<&str>| v.map_or("null".to_string(), s);
+    let layout = if e.schema <= 1 { 1 } else { 2 };
     // Keys in byte order: actor, at, attempt, data, epoch, error_class, from,
-    // h, job_id, prev, reason, run, to, token, type, version.
+    // h, job_id, prev, reason, run, [schema,] to, token, type, version.
     out.push_str("{\"actor\":");
-    out.push_str(&s(&event.actor));
+    out.push_str(&s(e.actor));
     out.push_str(",\"at\":");
-    out.push_str(&s(&fmt_time(event.recorded_at)));
-    out.push_str(&format!(",\"attempt\":{},\"data\":", event.attempt));
-    write_canonical(data, &mut out);
-    out.push_str(&format!(",\"epoch\":{},\"error_class\":", event.epoch));
-    out.push_str(&opt(event.error_class.map(|c| c.as_str())));
+    out.push_str(&s(&fmt_time(e.recorded_at)));
+    out.push_str(&format!(",\"attempt\":{},\"data\":", e.attempt));
+    write_canonical(e.data, &mut out);
+    out.push_str(&format!(",\"epoch\":{},\"error_class\":", e.epoch));
+    out.push_str(&opt(e.error_class));
     out.push_str(",\"from\":");
-    out.push_str(&opt(event.from_state.map(|c| c.as_str())));
-    out.push_str(&format!(
-        ",\"h\":{HASH_VERSION},\"job_id\":\"{}\",\"prev\":",
-        event.job_id
-    ));
-    out.push_str(&opt(event.prev_hash.as_deref()));
+    out.push_str(&opt(e.from_state));
+    out.push_str(&format!(",\"h\":{layout},\"job_id\":{},\"prev\":", s(e.job_id)));
+    out.push_str(&opt(e.prev_hash));
     out.push_str(",\"reason\":");
-    out.push_str(&s(event.reason.as_str()));
-    out.push_str(&format!(",\"run\":{},\"to\":", event.run));
-    out.push_str(&s(event.to_state.as_str()));
-    out.push_str(&format!(",\"token\":{},\"type\":", event.token));
-    out.push_str(&s(kind));
-    out.push_str(&format!(",\"version\":{}}}", event.version));
+    out.push_str(&s(e.reason));
+    out.push_str(&format!(",\"run\":{}", e.run));
+    if layout >= 2 {
+        out.push_str(&format!(",\"schema\":{}", e.schema));
+    }
+    out.push_str(",\"to\":");
+    out.push_str(&s(e.to_state));
+    out.push_str(&format!(",\"token\":{},\"type\":", e.token));
+    out.push_str(&s(e.kind));
+    out.push_str(&format!(",\"version\":{}}}", e.version));
     hex::encode(Sha256::digest(out.as_bytes()))
 }
 
@@ -124,7 +171,8 @@ pub fn hash_parts(event: &Event, kind: &str, data: &Value) -> String {
 pub fn covered_value(event: &Event) -> Value {
     let (kind, data) = event.body.to_parts();
     serde_json::json!({
-        "h": HASH_VERSION,
+        "h": 2,
+        "schema": super::schema::CURRENT,
         "prev": event.prev_hash,
         "job_id": event.job_id.to_string(),
         "version": event.version,

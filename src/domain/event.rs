@@ -105,8 +105,9 @@ pub enum EventBody {
         key: String,
         data: Value,
         digest: String,
-        by_epoch: Option<i64>,
-        by_token: Option<i64>,
+        /// The fence of the holder that observed, if any (schema 2; schema
+        /// 1 stored it as `by_epoch` and `by_token`: see `domain::schema`).
+        by: Option<super::command::Fence>,
     },
     Purged {},
     /// On a parent: one step ended (its final state and version).

@@ -14,6 +14,7 @@ mod operator;
 pub mod queue;
 pub mod reason;
 pub mod schedule;
+pub mod schema;
 mod steps;
 pub mod workflow;
 

@@ -7,7 +7,7 @@ use uuid::Uuid;
 
 use super::error::LedgerResult;
 use super::Ledger;
-use crate::domain::{apply, event_hash, EventBody, Job};
+use crate::domain::{apply, EventBody, Job};
 use crate::store::{events, jobs, schema, tombstones, workflows, EventRow, JobRow, TombstoneRow};
 
 #[derive(Debug, Clone, Serialize)]
@@ -150,7 +150,7 @@ fn fold(stream: &[EventRow]) -> Result<(Job, bool), Problem> {
     for row in stream {
         let p = |d: String| problem(row.job_id, Some(row.version), Some(row.position), d);
         let ev = row.to_event().map_err(|e| p(e.to_string()))?;
-        let recomputed = event_hash(&ev);
+        let recomputed = row.stored_hash();
         if recomputed != ev.hash {
             return Err(p(format!(
                 "hash mismatch: stored {}, recomputed {recomputed}",

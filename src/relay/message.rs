@@ -5,7 +5,8 @@
 //! in order, and jobs of two queues sharing a `job_key` never share a
 //! consumer's fence (keys are unique per queue only). See `message_key`.
 //! Headers: `epoch`, `token`, `version`, `position`, `type`, `schema` (decimal
-//! text), and for a workflow step `workflow` (the parent's id) and `step`.
+//! text: the stored event's schema version, `domain::schema`; its `data` is
+//! published as stored, so its hash checks), and for a workflow step `workflow` (the parent's id) and `step`.
 //! Body: the whole event, hash included, plus queue and key (and the step's
 //! `workflow` and `step`), so a consumer can rebuild workflow trees.
 
@@ -13,8 +14,6 @@ use serde_json::Value;
 
 use crate::domain::digest::fmt_time;
 use crate::reader::LogEvent;
-
-pub const SCHEMA: i64 = 1;
 
 pub struct Message {
     pub key: String,
@@ -26,7 +25,7 @@ pub struct Message {
 /// domain type and back: the relay's hot path).
 #[derive(serde::Serialize)]
 struct Body<'a> {
-    schema: i64,
+    schema: i16,
     job_id: &'a uuid::Uuid,
     job_key: Option<&'a str>,
     queue: &'a str,
@@ -57,7 +56,7 @@ struct Body<'a> {
 pub fn message(e: &LogEvent, queue: &str, job_key: Option<&str>, step: Option<(&str, &str)>) -> Message {
     let r = &e.row;
     let body = Body {
-        schema: SCHEMA,
+        schema: r.schema,
         job_id: &r.job_id,
         job_key,
         queue,
@@ -86,7 +85,7 @@ pub fn message(e: &LogEvent, queue: &str, job_key: Option<&str>, step: Option<(&
         ("version", r.version.to_string()),
         ("position", e.position.to_string()),
         ("type", r.kind.clone()),
-        ("schema", SCHEMA.to_string()),
+        ("schema", r.schema.to_string()),
     ];
     if let Some((parent, name)) = step {
         headers.push(("workflow", parent.to_string()));
@@ -110,11 +109,8 @@ pub fn message_key(queue: &str, job_key: Option<&str>, job_id: &uuid::Uuid) -> S
     }
 }
 
-/// Rebuilds the event from a message body (the audit log check uses this):
-/// the body carries the stored row's columns, so it reads back as one.
-pub fn event_of(body: &Value) -> Option<crate::domain::Event> {
-    serde_json::from_value::<crate::store::EventRow>(body.clone())
-        .ok()?
-        .to_event()
-        .ok()
+/// Rebuilds the stored row from a message body (the audit log check uses
+/// this): the body carries the stored row's columns, so it reads back as one.
+pub fn row_of(body: &Value) -> Option<crate::store::EventRow> {
+    serde_json::from_value::<crate::store::EventRow>(body.clone()).ok()
 }

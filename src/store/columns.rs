@@ -59,6 +59,7 @@ pub const EVENT_TYPES: &[&str] = &[
     "timestamptz",
     "text",
     "text",
+    "int2",
 ];
 
 /// `UNNEST($from::t1[], ...)` over `types`.
@@ -199,6 +200,7 @@ pub struct EventArrays {
     pub recorded_at: Vec<DateTime<Utc>>,
     pub prev_hash: Vec<Option<String>>,
     pub hash: Vec<String>,
+    pub schema: Vec<i16>,
 }
 
 impl EventArrays {
@@ -221,6 +223,7 @@ impl EventArrays {
             a.recorded_at.push(r.recorded_at);
             a.prev_hash.push(r.prev_hash);
             a.hash.push(r.hash);
+            a.schema.push(r.schema);
         }
         a
     }
@@ -246,5 +249,6 @@ impl EventArrays {
             .bind(self.recorded_at)
             .bind(self.prev_hash)
             .bind(self.hash)
+            .bind(self.schema)
     }
 }

@@ -14,7 +14,7 @@ pub const JOB_COLUMNS: &str = "job_id, queue, kind, job_key, epoch, token, run, 
      receipt_deadline, result, release, last_error, reason, created_at, updated_at, version, last_hash, workflow, admission";
 
 pub const EVENT_COLUMNS: &str = "job_id, version, type, from_state, to_state, reason, error_class, actor, \
-     epoch, token, attempt, run, data, recorded_at, prev_hash, hash";
+     epoch, token, attempt, run, data, recorded_at, prev_hash, hash, schema";
 
 #[derive(Debug, Clone, Serialize, Deserialize, sqlx::FromRow)]
 pub struct JobRow {
@@ -165,9 +165,42 @@ pub struct EventRow {
     pub recorded_at: DateTime<Utc>,
     pub prev_hash: Option<String>,
     pub hash: String,
+    /// The schema version `data` was written in (`domain::schema`); absent
+    /// in what older versions exported or published: 1.
+    #[serde(default = "schema_1")]
+    pub schema: i16,
+}
+
+fn schema_1() -> i16 {
+    1
 }
 
 impl EventRow {
+    /// The hash of the event as stored (its data in its own schema): what
+    /// the stored `hash` must equal.
+    pub fn stored_hash(&self) -> String {
+        crate::domain::digest::hash_stored(&crate::domain::digest::HashInput {
+            job_id: &self.job_id.to_string(),
+            version: self.version,
+            epoch: self.epoch,
+            token: self.token,
+            attempt: self.attempt,
+            run: self.run,
+            from_state: self.from_state.as_deref(),
+            to_state: &self.to_state,
+            reason: &self.reason,
+            error_class: self.error_class.as_deref(),
+            actor: &self.actor,
+            recorded_at: self.recorded_at,
+            kind: &self.kind,
+            data: &self.data,
+            prev_hash: self.prev_hash.as_deref(),
+            schema: self.schema,
+        })
+    }
+
+    /// The event as the domain reads it today: its data upcast from the
+    /// schema it was written in to the current one.
     pub fn to_event(&self) -> Result<Event, StoreError> {
         use crate::domain::ErrorClass;
         let state = |s: &str| JobState::parse(s).ok_or_else(|| corrupt("state", s));
@@ -188,7 +221,9 @@ impl EventRow {
                 .transpose()?,
             actor: self.actor.clone(),
             recorded_at: self.recorded_at,
-            body: EventBody::from_parts(&self.kind, &self.data)
+            body: crate::domain::schema::upcast(self.schema, &self.kind, &self.data)
+                .map_err(|e| e.to_string())
+                .and_then(|data| EventBody::from_parts(&self.kind, &data).map_err(|e| e.to_string()))
                 .map_err(|e| StoreError::Corrupt(format!("event {} v{}: {e}", self.job_id, self.version)))?,
             prev_hash: self.prev_hash.clone(),
             hash: self.hash.clone(),
@@ -217,6 +252,7 @@ impl From<&Event> for EventRow {
             recorded_at: e.recorded_at,
             prev_hash: e.prev_hash.clone(),
             hash: e.hash.clone(),
+            schema: crate::domain::schema::CURRENT,
         }
     }
 }
