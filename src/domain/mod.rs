@@ -9,6 +9,7 @@ pub mod decide;
 pub mod digest;
 pub mod event;
 pub mod fence;
+pub mod merkle;
 pub mod model;
 mod operator;
 pub mod queue;
