@@ -1,6 +1,7 @@
 //! jobledger: an event-sourced ledger for background jobs with fenced leases.
 #![forbid(unsafe_code)]
 
+pub mod audit;
 pub mod domain;
 pub mod ledger;
 pub mod reader;

@@ -11,6 +11,11 @@ pub struct StatusMirror;
 impl EventHandler for StatusMirror {
     fn handle<'a>(&'a self, conn: &'a mut PgConnection, ev: &'a JobEvent) -> HandlerFuture<'a> {
         Box::pin(async move {
+            // The log's own events (signed checkpoints, the nil stream id)
+            // are no job's state.
+            if ev.job_id.is_nil() {
+                return Ok(Handled::Applied);
+            }
             let b = &ev.body;
             let s = |k: &str| b.get(k).and_then(|v| v.as_str()).map(str::to_string);
             let at = s("recorded_at")
@@ -52,6 +57,11 @@ pub struct AuditLog;
 impl EventHandler for AuditLog {
     fn handle<'a>(&'a self, conn: &'a mut PgConnection, ev: &'a JobEvent) -> HandlerFuture<'a> {
         Box::pin(async move {
+            // The log's own events (signed checkpoints, the nil stream id)
+            // are no job's state.
+            if ev.job_id.is_nil() {
+                return Ok(Handled::Applied);
+            }
             let b = &ev.body;
             let inserted = sqlx::query(
                 "INSERT INTO jobledger_consumer.audit_log (job_id, version, position, hash, prev_hash, body) \

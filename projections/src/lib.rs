@@ -56,6 +56,14 @@ pub struct Event {
     pub schema: i16,
 }
 
+impl Event {
+    /// An event of the log itself (a signed checkpoint, on the nil stream
+    /// id that no job has), not of a job.
+    pub fn is_log_event(&self) -> bool {
+        self.job_id.is_nil()
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ProjectionError {

@@ -4,7 +4,7 @@
 use sqlx::PgPool;
 
 use crate::registry::{self, Entry};
-use crate::{Checkpoint, LogSource, Projection, ProjectionError};
+use crate::{Checkpoint, Event, LogSource, Projection, ProjectionError};
 
 /// What one step did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -195,6 +195,11 @@ impl<'a> Runner<'a> {
         if events.is_empty() {
             return Ok(Advanced::Empty);
         }
+        // The log's own events (signed checkpoints) are no job's: read
+        // models of jobs never see them, and the checkpoint still moves
+        // past them.
+        let read = events.len();
+        let events: Vec<Event> = events.into_iter().filter(|e| !e.is_log_event()).collect();
         let mut tx = self.pool.begin().await?;
         let now = registry::lock(&mut tx, name)
             .await?
@@ -211,7 +216,7 @@ impl<'a> Runner<'a> {
             .await?;
         registry::set_checkpoint(&mut tx, name, building, next).await?;
         tx.commit().await?;
-        Ok(Advanced::Applied(events.len()))
+        Ok(Advanced::Applied(read))
     }
 
     /// The rebuilt table caught up with the live tail: the view moves to it

@@ -358,7 +358,22 @@ pub enum Cmd {
         /// inline projection.
         #[arg(long)]
         rebuilt: bool,
+        /// Also check every signed checkpoint's signature with this public key.
+        #[arg(long)]
+        pubkey: Option<std::path::PathBuf>,
     },
+    /// Writes an ed25519 key pair for signed checkpoints (docs/audit.md).
+    Keygen(super::audit::KeygenArgs),
+    /// Brings the log's Merkle tree up to date and signs its head now.
+    Checkpoint(super::audit::CheckpointArgs),
+    /// Keeps the tree and signs heads every N events or T seconds, until SIGTERM.
+    Checkpointer(super::audit::CheckpointArgs),
+    /// Writes a segment of the log as compressed NDJSON with a manifest.
+    Export(super::audit::ExportArgs),
+    /// Proves a job's events included under the latest signed head, or one head consistent with another.
+    Prove(super::audit::ProveArgs),
+    /// Checks exported segments, or a proof, with no database.
+    Audit(super::audit::AuditArgs),
     /// Publish every event of the log to Kafka (the outbox relay).
     Relay {
         #[arg(long, default_value = "127.0.0.1:9092")]

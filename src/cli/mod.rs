@@ -1,4 +1,5 @@
 pub mod args;
+pub mod audit;
 pub mod consume;
 pub mod output;
 pub mod parse;

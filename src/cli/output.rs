@@ -208,3 +208,15 @@ impl From<&Job> for JobSummary {
         }
     }
 }
+
+/// A progress bar with rate and ETA on a terminal's stderr; nothing when
+/// stderr is not a terminal (indicatif hides itself).
+pub fn progress_bar(len: u64, unit: &str) -> indicatif::ProgressBar {
+    indicatif::ProgressBar::new(len).with_style(
+        indicatif::ProgressStyle::with_template(&format!(
+            "[{{bar:40}}] {{pos}}/{{len}} {unit}, {{per_sec}}, ETA {{eta}}"
+        ))
+        .expect("template")
+        .progress_chars("=> "),
+    )
+}

@@ -83,6 +83,7 @@ async fn verify(ledger: &Ledger, cli: &Cli) -> Result<i32> {
             job,
             audit_log,
             rebuilt,
+            pubkey,
         } => {
             if let Some(url) = audit_log {
                 return super::consume::verify_audit_log(ledger, url).await;
@@ -105,12 +106,18 @@ async fn verify(ledger: &Ledger, cli: &Cli) -> Result<i32> {
                     output::FAILURE
                 });
             }
-            let report = ledger.verify(*job).await?;
+            let key = pubkey
+                .as_deref()
+                .map(jobledger::audit::keys::public_key)
+                .transpose()
+                .map_err(|e| super::output::BadInput(e.to_string()))?;
+            let report = ledger.verify_with(*job, key.as_ref()).await?;
             for p in &report.problems {
                 line(&json!({ "problem": p }));
             }
             line(
                 &json!({ "ok": report.ok(), "jobs": report.jobs, "events": report.events,
+                          "leaves": report.leaves, "checkpoints": report.checkpoints,
                           "problems": report.problems.len() }),
             );
             Ok(if report.ok() { output::OK } else { output::FAILURE })

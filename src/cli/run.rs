@@ -72,9 +72,28 @@ pub async fn run(cli: Cli) -> Result<i32> {
     if let Some(code) = tools(&cli).await? {
         return Ok(code);
     }
+    let (keygen, audit) = match &cli.command {
+        Cmd::Keygen(k) => (Some(k), None),
+        Cmd::Audit(a) => (None, Some(a)),
+        _ => (None, None),
+    };
+    if let Some(code) = super::audit::offline(keygen, audit)? {
+        return Ok(code);
+    }
     let ledger = connect(&cli).await?;
     match &cli.command {
-        Cmd::Migrate | Cmd::Demo { .. } | Cmd::Bench { .. } | Cmd::Chaos(_) => unreachable!("handled above"),
+        Cmd::Migrate
+        | Cmd::Demo { .. }
+        | Cmd::Bench { .. }
+        | Cmd::Chaos(_)
+        | Cmd::Keygen(_)
+        | Cmd::Audit(_) => {
+            unreachable!("handled above")
+        }
+        Cmd::Checkpoint(a) => super::audit::checkpoint(&ledger, a, true).await,
+        Cmd::Checkpointer(a) => super::audit::checkpoint(&ledger, a, false).await,
+        Cmd::Export(a) => super::audit::export(&ledger, a).await,
+        Cmd::Prove(a) => super::audit::prove(&ledger, a).await,
         Cmd::ChaosWorker {
             provider,
             name,

@@ -16,6 +16,12 @@ use sha2::{Digest, Sha256};
 
 pub type Hash = [u8; 32];
 
+/// Leaves per stored block (`jobledger.merkle_blocks`): a block is a
+/// perfect subtree of height 8, so block-aligned ranges hash from the
+/// blocks' roots alone.
+pub const BLOCK_LEAVES: u64 = 256;
+pub const BLOCK_HEIGHT: u32 = 8;
+
 pub fn leaf_hash(data: &[u8]) -> Hash {
     let mut h = Sha256::new();
     h.update([0u8]);
@@ -97,7 +103,18 @@ impl Frontier {
     }
 
     pub fn push(&mut self, leaf: Hash) {
-        let mut node = (0u32, leaf);
+        self.push_subtree(0, leaf);
+    }
+
+    /// Appends a perfect subtree of 2^height leaves with root `root`; the
+    /// tree's size must be a multiple of 2^height (blocks on whole blocks).
+    pub fn push_subtree(&mut self, height: u32, root: Hash) {
+        assert!(
+            self.size % (1u64 << height) == 0,
+            "a subtree of height {height} cannot follow {} leaves",
+            self.size
+        );
+        let mut node = (height, root);
         while let Some(&(h, left)) = self.peaks.last() {
             if h != node.0 {
                 break;
@@ -106,7 +123,7 @@ impl Frontier {
             node = (h + 1, node_hash(&left, &node.1));
         }
         self.peaks.push(node);
-        self.size += 1;
+        self.size += 1 << height;
     }
 
     /// RFC 6962's MTH of the leaves pushed so far.

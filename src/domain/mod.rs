@@ -4,6 +4,7 @@
 
 pub mod admission;
 pub mod apply;
+pub mod checkpoint;
 pub mod command;
 pub mod decide;
 pub mod digest;

@@ -10,6 +10,7 @@ pub mod columns;
 pub mod events;
 pub mod jobs;
 pub mod locks;
+pub mod merkle;
 pub mod overview;
 pub mod policies;
 pub mod queues;

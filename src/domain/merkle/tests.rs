@@ -6,8 +6,16 @@ fn h(s: &str) -> Hash {
 }
 
 /// The Certificate Transparency reference inputs and tree heads (sizes 0..=8).
-const INPUTS: [&str; 8] = ["", "00", "10", "2021", "3031", "40414243", "5051525354555657",
-    "606162636465666768696a6b6c6d6e6f"];
+const INPUTS: [&str; 8] = [
+    "",
+    "00",
+    "10",
+    "2021",
+    "3031",
+    "40414243",
+    "5051525354555657",
+    "606162636465666768696a6b6c6d6e6f",
+];
 const ROOTS: [&str; 9] = [
     "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855",
     "6e340b9cffb37a989ca544e6bb780a2c78901d3fb33738768511a30617afa01d",
@@ -21,7 +29,10 @@ const ROOTS: [&str; 9] = [
 ];
 
 fn reference_leaves() -> Vec<Hash> {
-    INPUTS.iter().map(|i| leaf_hash(&hex::decode(i).unwrap())).collect()
+    INPUTS
+        .iter()
+        .map(|i| leaf_hash(&hex::decode(i).unwrap()))
+        .collect()
 }
 
 #[test]
@@ -49,7 +60,9 @@ fn the_reference_inclusion_path() {
 }
 
 fn leaves(n: usize, salt: u8) -> Vec<Hash> {
-    (0..n).map(|i| leaf_hash(&[salt, (i % 251) as u8, (i / 251) as u8])).collect()
+    (0..n)
+        .map(|i| leaf_hash(&[salt, (i % 251) as u8, (i / 251) as u8]))
+        .collect()
 }
 
 proptest! {
@@ -109,6 +122,14 @@ proptest! {
             }
         }
         prop_assert_eq!(f.root(), root_of(&ls));
+        // Whole blocks pushed as subtrees give the same tree.
+        let mut blocks = Frontier::new();
+        let whole = n - n % 16;
+        for chunk in ls[..whole].chunks(16) {
+            blocks.push_subtree(4, root_of(chunk));
+        }
+        ls[whole..].iter().for_each(|l| blocks.push(*l));
+        prop_assert_eq!(blocks.root(), f.root());
         let again = Frontier::from_peaks(n as u64, f.peaks()).unwrap();
         prop_assert_eq!(again.root(), f.root());
         let mut more = f.peaks();
