@@ -4,6 +4,7 @@
 
 pub mod cli;
 pub mod counting;
+pub mod fixture;
 pub mod gated;
 pub mod kafka;
 pub mod serve;
