@@ -93,6 +93,9 @@ pub async fn run(args: BenchArgs) -> Result<i32> {
         if wants("serve") {
             crate::tools::bench_serve::serve(&ledger, args.history_events, 10_000).await?;
         }
+        if wants("audit") {
+            crate::tools::bench_audit::audit(&ledger, args.history_events, args.w3_jobs).await?;
+        }
         if wants("limits") {
             crate::tools::bench_limits::limits(&ledger, args.w3_jobs).await?;
         }

@@ -4,6 +4,7 @@
 //! knows nothing of them (the tests include the fake provider's file).
 
 pub mod bench;
+pub mod bench_audit;
 pub mod bench_limits;
 pub mod bench_serve;
 pub mod bench_workflows;
