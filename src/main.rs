@@ -8,6 +8,12 @@ mod tools;
 use clap::Parser;
 use tracing_subscriber::EnvFilter;
 
+/// mimalloc: the offline audit allocates on its parsing thread and frees on
+/// the auditing one, which glibc's malloc serialised on an arena lock
+/// (docs/benchmarks.md, issue 14).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[tokio::main]
 async fn main() {
     tracing_subscriber::fmt()

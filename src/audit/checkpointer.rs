@@ -21,6 +21,8 @@ use crate::store::merkle::{self, BlockRow, LeafRow};
 use crate::store::{events, readers, EventRow};
 
 pub const READER: &str = "merkle";
+/// Leaves read per step.
+const PAGE: i64 = 20_000;
 
 #[derive(Clone)]
 pub struct CheckpointConfig {
@@ -174,7 +176,9 @@ impl Checkpointer {
             if let Some(cp) = &step.signed {
                 tracing::info!(tree_size = cp.head.tree_size, root = %cp.head.root, "checkpoint signed");
             }
-            if step.leaves == 0 {
+            // Only a full page means more is waiting: otherwise look again
+            // after `poll` (a busy loop of small reads cost W3 13 %).
+            if step.leaves < PAGE as u64 {
                 tokio::select! { _ = stop.cancelled() => {}, _ = tokio::time::sleep(self.cfg.poll) => {} }
             }
         }
@@ -217,7 +221,7 @@ impl Checkpointer {
     async fn step(&self, lease: &ReaderLease, tree: &mut Tree, force: bool) -> AuditResult<Step> {
         let mut conn = self.ledger.pool().acquire().await?;
         let (txid, position) = tree.cursor();
-        let page = merkle::leaves_after(&mut conn, txid, position, 20_000).await?;
+        let page = merkle::leaves_after(&mut conn, txid, position, PAGE).await?;
         let mut step = Step {
             leaves: page.len() as u64,
             ..Step::default()
@@ -225,11 +229,15 @@ impl Checkpointer {
         tree.unsigned += page.iter().filter(|l| l.job_id != LOG_STREAM).count() as u64;
         tree.pending.extend(page);
         let blocks = tree.full_blocks();
-        let head_exists = merkle::stream_head(&mut *conn, LOG_STREAM).await?.is_some();
+        let caught_up = step.leaves < PAGE as u64;
         let due = tree.unsigned > 0
-            && (force || tree.unsigned >= self.cfg.every || tree.last_signed.elapsed() >= self.cfg.interval)
-            && step.leaves < 20_000;
-        let due = due || (force && !head_exists && tree.size() > 0);
+            && caught_up
+            && (force || tree.unsigned >= self.cfg.every || tree.last_signed.elapsed() >= self.cfg.interval);
+        let due = due
+            || (force
+                && caught_up
+                && tree.size() > 0
+                && merkle::stream_head(&mut *conn, LOG_STREAM).await?.is_none());
         if blocks.is_empty() && !due {
             step.tree_size = tree.size();
             return Ok(step);

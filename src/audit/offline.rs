@@ -14,9 +14,10 @@ use uuid::Uuid;
 use super::export::{checkpoint_of, EventLine, HeadLine, Header, Manifest, FORMAT};
 use super::prove::{ConsistencyProof, InclusionProof};
 use super::{io, AuditError, AuditResult};
+use crate::domain::apply::apply_owned;
 use crate::domain::checkpoint::LOG_STREAM;
 use crate::domain::merkle::{event_leaf, verify_consistency, verify_inclusion, Frontier, Hash};
-use crate::domain::{apply, Job};
+use crate::domain::{Event, Job};
 use crate::store::EventRow;
 
 #[derive(Clone, Debug, Serialize)]
@@ -44,6 +45,130 @@ pub struct AuditReport {
     pub trusted_prefix: bool,
 }
 
+/// What the sequential part of the audit needs of one event: its place,
+/// its chain fields, the stored hash's check, and the event as the domain
+/// reads it (parsed on the reading thread).
+struct Seen {
+    label: u64,
+    position: i64,
+    job_id: Uuid,
+    version: i64,
+    hash: String,
+    prev_hash: Option<String>,
+    hash_ok: bool,
+    checkpoint: Option<crate::domain::checkpoint::Checkpoint>,
+    /// `None` for the log's own stream (not a job: nothing to replay).
+    event: Option<Result<Event, String>>,
+}
+
+enum Parsed {
+    Event(Box<Seen>),
+    Head(HeadLine),
+    Manifest(Manifest),
+    Bad(String),
+    Io(std::io::Error),
+}
+
+/// Lines per chunk, and parsing threads: the reading thread hands chunk k
+/// to parser k mod PARSERS, and the chunks come back in the same turn, so
+/// their order is the file's.
+const CHUNK: usize = 512;
+const PARSERS: usize = 2;
+
+fn parse_in_parallel<'s, I>(
+    scope: &'s std::thread::Scope<'s, '_>,
+    lines: I,
+) -> impl Iterator<Item = Vec<Parsed>> + 's
+where
+    I: Iterator<Item = std::io::Result<String>> + Send + 's,
+{
+    use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
+    let (mut work, mut done): (Vec<SyncSender<Vec<_>>>, Vec<Receiver<Vec<Parsed>>>) = (vec![], vec![]);
+    for _ in 0..PARSERS {
+        let (wtx, wrx) = sync_channel::<Vec<std::io::Result<String>>>(8);
+        let (dtx, drx) = sync_channel::<Vec<Parsed>>(8);
+        scope.spawn(move || {
+            for chunk in wrx {
+                if dtx.send(chunk.into_iter().map(parse).collect()).is_err() {
+                    return;
+                }
+            }
+        });
+        work.push(wtx);
+        done.push(drx);
+    }
+    scope.spawn(move || {
+        let mut chunk = Vec::with_capacity(CHUNK);
+        let mut turn = 0;
+        for l in lines {
+            chunk.push(l);
+            if chunk.len() == CHUNK {
+                if work[turn]
+                    .send(std::mem::replace(&mut chunk, Vec::with_capacity(CHUNK)))
+                    .is_err()
+                {
+                    return;
+                }
+                turn = (turn + 1) % PARSERS;
+            }
+        }
+        if !chunk.is_empty() {
+            let _ = work[turn].send(chunk);
+        }
+    });
+    // The parsers' outputs, taken in the turn the chunks were handed out;
+    // the first parser to run dry ends the segment.
+    let mut turn = 0;
+    std::iter::from_fn(move || {
+        let next = done[turn].recv().ok();
+        turn = (turn + 1) % PARSERS;
+        next
+    })
+}
+
+/// Parses one line: the costly part (JSON, the stored hash, the upcast),
+/// run off the auditing thread.
+fn parse(l: std::io::Result<String>) -> Parsed {
+    let l = match l {
+        Ok(l) => l,
+        Err(e) => return Parsed::Io(e),
+    };
+    if l.starts_with("{\"kind\":\"event\"") {
+        let mut e = match serde_json::from_str::<EventLine>(&l) {
+            Ok(e) => e,
+            Err(err) => return Parsed::Bad(format!("unreadable event line: {err}")),
+        };
+        e.event.position = e.position;
+        let row = e.event;
+        let hash_ok = row.stored_hash() == row.hash;
+        let checkpoint = checkpoint_of(&row);
+        let seen = Seen {
+            label: e.index,
+            position: row.position,
+            job_id: row.job_id,
+            version: row.version,
+            hash: row.hash.clone(),
+            prev_hash: row.prev_hash.clone(),
+            hash_ok,
+            checkpoint,
+            event: None,
+        };
+        let event = (row.job_id != LOG_STREAM).then(|| row.into_event().map_err(|e| e.to_string()));
+        return Parsed::Event(Box::new(Seen { event, ..seen }));
+    }
+    if l.starts_with("{\"kind\":\"head\"") {
+        return serde_json::from_str(&l)
+            .map_or_else(|e| Parsed::Bad(format!("unreadable head: {e}")), Parsed::Head);
+    }
+    if l.starts_with("{\"kind\":\"manifest\"") {
+        return serde_json::from_str(&l).map_or_else(
+            |e| Parsed::Bad(format!("unreadable manifest: {e}")),
+            Parsed::Manifest,
+        );
+    }
+    Parsed::Bad("a line of unknown kind".into())
+}
+
 struct Track {
     version: i64,
     hash: String,
@@ -51,7 +176,7 @@ struct Track {
     job: Option<Job>,
     /// Versions that arrived before their predecessor (log order is by
     /// transaction, docs/log-reader.md): `version -> (index, event)`.
-    early: BTreeMap<i64, (u64, EventRow)>,
+    early: BTreeMap<i64, (u64, Box<Seen>)>,
 }
 
 pub struct Auditor<'a> {
@@ -105,40 +230,29 @@ impl<'a> Auditor<'a> {
         let mut roots: HashMap<u64, Hash> = HashMap::new();
         let mut seen: HashMap<Uuid, (i64, String)> = HashMap::new();
         let mut manifest = None;
-        for l in lines {
-            let l = l.map_err(|e| io(path, e))?;
-            if l.starts_with("{\"kind\":\"event\"") {
-                let e: EventLine = match serde_json::from_str::<EventLine>(&l) {
-                    Ok(mut e) => {
-                        e.event.position = e.position;
-                        e
+        // Lines are parsed and hashed on other threads, in chunks, and come
+        // back in order; this one chains, replays and builds the tree.
+        std::thread::scope(|scope| -> AuditResult<()> {
+            let results = parse_in_parallel(scope, lines);
+            for parsed in results.flatten() {
+                match parsed {
+                    Parsed::Event(e) => self.event(e, &mut wanted, &mut roots, &mut seen),
+                    Parsed::Head(h) => {
+                        if seen.get(&h.job_id) != Some(&(h.version, h.hash.clone())) {
+                            let d = format!("manifest head v{} {} is not the segment's", h.version, h.hash);
+                            self.find(None, None, Some(h.job_id), d);
+                        }
                     }
-                    Err(err) => {
+                    Parsed::Manifest(m) => manifest = Some(m),
+                    Parsed::Bad(d) => {
                         let at = self.frontier.as_ref().map(Frontier::size);
-                        self.find(at, None, None, format!("unreadable event line: {err}"));
-                        continue;
+                        self.find(at, None, None, d);
                     }
-                };
-                self.event(e, &mut wanted, &mut roots, &mut seen);
-            } else if l.starts_with("{\"kind\":\"head\"") {
-                let h: HeadLine =
-                    serde_json::from_str(&l).map_err(|e| AuditError::BadInput(e.to_string()))?;
-                if seen.get(&h.job_id) != Some(&(h.version, h.hash.clone())) {
-                    self.find(
-                        None,
-                        None,
-                        Some(h.job_id),
-                        format!("manifest head v{} {} is not the segment's", h.version, h.hash),
-                    );
+                    Parsed::Io(e) => return Err(io(path, e)),
                 }
-            } else if l.starts_with("{\"kind\":\"manifest\"") {
-                manifest = Some(
-                    serde_json::from_str::<Manifest>(&l).map_err(|e| AuditError::BadInput(e.to_string()))?,
-                );
-            } else {
-                self.find(None, None, None, "a line of unknown kind".into());
             }
-        }
+            Ok(())
+        })?;
         match manifest {
             Some(m) => self.end(&m, &seen),
             None => self.find(
@@ -223,58 +337,46 @@ impl<'a> Auditor<'a> {
 
     fn event(
         &mut self,
-        e: EventLine,
+        e: Box<Seen>,
         wanted: &mut HashSet<u64>,
         roots: &mut HashMap<u64, Hash>,
         seen: &mut HashMap<Uuid, (i64, String)>,
     ) {
         let f = self.frontier.as_mut().expect("begun");
         let index = f.size();
-        f.push(event_leaf(e.event.position, &e.event.hash));
+        f.push(event_leaf(e.position, &e.hash));
         if wanted.remove(&f.size()) {
             roots.insert(f.size(), f.root());
         }
         self.report.events += 1;
         self.report.end_index = f.size();
-        let (pos, job) = (Some(e.event.position), Some(e.event.job_id));
-        if e.index != index {
-            self.find(Some(index), pos, job, format!("is labelled leaf {}", e.index));
+        let (pos, job) = (Some(e.position), Some(e.job_id));
+        if e.label != index {
+            self.find(Some(index), pos, job, format!("is labelled leaf {}", e.label));
         }
-        if e.event.stored_hash() != e.event.hash {
-            self.find(
-                Some(index),
-                pos,
-                job,
-                format!(
-                    "hash mismatch: the event's content does not hash to {}",
-                    e.event.hash
-                ),
-            );
+        if !e.hash_ok {
+            let d = format!("hash mismatch: the event's content does not hash to {}", e.hash);
+            self.find(Some(index), pos, job, d);
         }
-        seen.insert(e.event.job_id, (e.event.version, e.event.hash.clone()));
-        if let Some(cp) = checkpoint_of(&e.event) {
-            self.checkpoint(index, &e.event, &cp, roots);
+        seen.insert(e.job_id, (e.version, e.hash.clone()));
+        if let Some(cp) = &e.checkpoint {
+            self.checkpoint(index, &e, cp, roots);
         }
-        self.link(index, e.event);
+        self.link(index, e);
     }
 
     fn checkpoint(
         &mut self,
         index: u64,
-        row: &EventRow,
+        e: &Seen,
         cp: &crate::domain::checkpoint::Checkpoint,
         roots: &HashMap<u64, Hash>,
     ) {
-        let (pos, job) = (Some(row.position), Some(row.job_id));
+        let (pos, job, v) = (Some(e.position), Some(e.job_id), e.version);
         self.report.checkpoints_checked += 1;
         if let Some(key) = &self.pubkey {
             if let Err(err) = cp.verify(key) {
-                self.find(
-                    Some(index),
-                    pos,
-                    job,
-                    format!("checkpoint v{}: {err}", row.version),
-                );
+                self.find(Some(index), pos, job, format!("checkpoint v{v}: {err}"));
             }
         }
         if self.log_id.is_some_and(|id| id != cp.head.log_id) {
@@ -282,110 +384,96 @@ impl<'a> Auditor<'a> {
                 Some(index),
                 pos,
                 job,
-                format!("checkpoint v{} signs log {}", row.version, cp.head.log_id),
+                format!("checkpoint v{v} signs log {}", cp.head.log_id),
             );
         }
         let size = cp.head.tree_size;
-        match roots.get(&size) {
-            Some(r) if hex::encode(r) == cp.head.root => {}
-            Some(r) => self.find(
-                Some(index),
-                pos,
-                job,
-                format!(
-                    "checkpoint v{} signed root {} over {size} leaves; the log's is {}: an event before leaf {size} was changed, removed or added",
-                    row.version,
-                    cp.head.root,
-                    hex::encode(r)
-                ),
+        let detail = match roots.get(&size) {
+            Some(r) if hex::encode(r) == cp.head.root => return,
+            Some(r) => format!(
+                "checkpoint v{v} signed root {} over {size} leaves; the log's is {}: \
+                 an event before leaf {size} was changed, removed or added",
+                cp.head.root,
+                hex::encode(r)
             ),
-            None if self.report.trusted_prefix && size <= self.report.from_index.unwrap_or(0) => {}
-            None => self.find(Some(index), pos, job, format!("checkpoint v{} signs {size} leaves, a size the header did not announce", row.version)),
-        }
+            None if self.report.trusted_prefix && size <= self.report.from_index.unwrap_or(0) => return,
+            None => format!("checkpoint v{v} signs {size} leaves, a size the header did not announce"),
+        };
+        self.find(Some(index), pos, job, detail);
     }
 
     /// Chains and replays one event of a job, in version order.
-    fn link(&mut self, index: u64, row: EventRow) {
-        let id = row.job_id;
-        let fresh = !self.jobs.contains_key(&id);
-        if fresh {
-            if row.version == 1 || self.report.trusted_prefix {
-                self.start(index, row);
+    fn link(&mut self, index: u64, e: Box<Seen>) {
+        let id = e.job_id;
+        let Some(t) = self.jobs.get_mut(&id) else {
+            if e.version == 1 || self.report.trusted_prefix {
+                self.start(index, e);
                 self.drain(id);
             } else {
-                self.jobs.insert(
-                    id,
-                    Track {
-                        version: 0,
-                        hash: String::new(),
-                        job: None,
-                        early: BTreeMap::from([(row.version, (index, row))]),
-                    },
-                );
+                let early = BTreeMap::from([(e.version, (index, e))]);
+                let t = Track {
+                    version: 0,
+                    hash: String::new(),
+                    job: None,
+                    early,
+                };
+                self.jobs.insert(id, t);
             }
             return;
-        }
-        let t = self.jobs.get_mut(&id).expect("tracked");
-        if row.version > t.version + 1 {
-            t.early.insert(row.version, (index, row));
+        };
+        if e.version > t.version + 1 {
+            t.early.insert(e.version, (index, e));
             return;
         }
-        if row.version <= t.version {
-            let detail = format!("version {} again (the chain is at {})", row.version, t.version);
-            self.find(Some(index), Some(row.position), Some(id), detail);
+        if e.version <= t.version {
+            let detail = format!("version {} again (the chain is at {})", e.version, t.version);
+            self.find(Some(index), Some(e.position), Some(id), detail);
             return;
         }
-        self.next(index, row);
+        self.next(index, e);
         self.drain(id);
     }
 
-    fn start(&mut self, index: u64, row: EventRow) {
-        let id = row.job_id;
+    fn start(&mut self, index: u64, mut e: Box<Seen>) {
+        let id = e.job_id;
         self.report.jobs += 1;
-        let (version, hash) = (row.version, row.hash.clone());
-        let replayed = row.version == 1 && id != LOG_STREAM;
-        if row.version == 1 && row.prev_hash.is_some() {
-            self.find(
-                Some(index),
-                Some(row.position),
-                Some(id),
-                "a first event with a prev_hash".into(),
-            );
+        if e.version == 1 && e.prev_hash.is_some() {
+            let d = "a first event with a prev_hash".to_string();
+            self.find(Some(index), Some(e.position), Some(id), d);
         }
-        let job = if replayed {
-            self.replay(index, None, &row)
-        } else {
-            None
+        // A job first seen past its version 1 (a trusted prefix) is linked
+        // from here on, not replayed: its state before is not in the files.
+        let job = match e.event.take() {
+            Some(ev) if e.version == 1 => self.replay(index, None, &e, ev),
+            _ => None,
         };
-        self.jobs.insert(
-            id,
-            Track {
-                version,
-                hash,
-                job,
-                early: BTreeMap::new(),
-            },
-        );
+        let t = Track {
+            version: e.version,
+            hash: e.hash,
+            job,
+            early: BTreeMap::new(),
+        };
+        self.jobs.insert(id, t);
     }
 
-    fn next(&mut self, index: u64, row: EventRow) {
-        let id = row.job_id;
+    fn next(&mut self, index: u64, mut e: Box<Seen>) {
+        let id = e.job_id;
         let t = self.jobs.get_mut(&id).expect("tracked");
-        let linked = row.prev_hash.as_deref() == Some(t.hash.as_str());
+        let linked = e.prev_hash.as_deref() == Some(t.hash.as_str());
         let prev_job = t.job.take();
         let was = t.version;
-        t.version = row.version;
-        t.hash = row.hash.clone();
+        t.version = e.version;
+        t.hash = e.hash.clone();
         if !linked && was > 0 {
             self.find(
                 Some(index),
-                Some(row.position),
+                Some(e.position),
                 Some(id),
                 format!("does not link to version {was}"),
             );
         }
-        let job = match prev_job {
-            Some(j) if id != LOG_STREAM => self.replay(index, Some(j), &row),
+        let job = match (prev_job, e.event.take()) {
+            (Some(j), Some(ev)) => self.replay(index, Some(j), &e, ev),
             _ => None,
         };
         self.jobs.get_mut(&id).expect("tracked").job = job;
@@ -400,28 +488,24 @@ impl<'a> Auditor<'a> {
             if *entry.key() != t.version + 1 {
                 return;
             }
-            let (index, row) = entry.remove();
-            self.next(index, row);
+            let (index, e) = entry.remove();
+            self.next(index, e);
         }
     }
 
-    fn replay(&mut self, index: u64, prev: Option<Job>, row: &EventRow) -> Option<Job> {
-        let ev = match row.to_event() {
+    fn replay(&mut self, index: u64, prev: Option<Job>, e: &Seen, ev: Result<Event, String>) -> Option<Job> {
+        let (pos, job) = (Some(e.position), Some(e.job_id));
+        let ev = match ev {
             Ok(ev) => ev,
-            Err(e) => {
-                self.find(Some(index), Some(row.position), Some(row.job_id), e.to_string());
+            Err(d) => {
+                self.find(Some(index), pos, job, d);
                 return None;
             }
         };
-        match apply(prev.as_ref(), &ev) {
+        match apply_owned(prev, &ev) {
             Ok(j) => Some(j),
-            Err(e) => {
-                self.find(
-                    Some(index),
-                    Some(row.position),
-                    Some(row.job_id),
-                    format!("replay refused the event: {e}"),
-                );
+            Err(err) => {
+                self.find(Some(index), pos, job, format!("replay refused the event: {err}"));
                 None
             }
         }
@@ -466,7 +550,7 @@ impl<'a> Auditor<'a> {
         let gaps: Vec<(Uuid, i64, u64, i64)> = self
             .jobs
             .iter()
-            .flat_map(|(id, t)| t.early.iter().map(move |(v, (i, r))| (*id, *v, *i, r.position)))
+            .flat_map(|(id, t)| t.early.iter().map(move |(v, (i, e))| (*id, *v, *i, e.position)))
             .collect();
         for (id, v, index, position) in gaps {
             self.find(

@@ -56,6 +56,20 @@ pub struct ConsistencyProof {
     pub path: Vec<String>,
 }
 
+/// The latest signed head (one row of the log stream, not all of them).
+async fn latest_head(ledger: &Ledger) -> AuditResult<SignedHead> {
+    let (position, row) = merkle::last_of_stream(ledger.pool(), crate::domain::checkpoint::LOG_STREAM)
+        .await?
+        .ok_or_else(|| AuditError::Unanswerable("no checkpoint has been signed yet".into()))?;
+    let checkpoint = Checkpoint::from_data(&row.data)
+        .ok_or_else(|| AuditError::Mismatch(format!("checkpoint v{} is unreadable", row.version)))?;
+    Ok(SignedHead {
+        version: row.version,
+        position,
+        checkpoint,
+    })
+}
+
 async fn heads(ledger: &Ledger) -> AuditResult<Vec<SignedHead>> {
     Ok(checkpoints(ledger)
         .await?
@@ -89,10 +103,7 @@ fn root_of_view(view: &mut TreeView, head: &SignedHead) -> AuditResult<()> {
 impl Ledger {
     /// The inclusion of `job`'s events under the latest signed head.
     pub async fn prove_job(&self, job: Uuid) -> AuditResult<InclusionProof> {
-        let head = heads(self)
-            .await?
-            .pop()
-            .ok_or_else(|| AuditError::Unanswerable("no checkpoint has been signed yet".into()))?;
+        let head = latest_head(self).await?;
         let size = head.checkpoint.head.tree_size;
         let rows = events::job_events(self.pool(), job).await?;
         if rows.is_empty() {
@@ -185,7 +196,7 @@ impl Ledger {
 
 /// Leaf indexes of the positions in the view's tail (past the stored blocks).
 async fn tail_index(conn: &mut sqlx::PgConnection, view: &TreeView) -> AuditResult<HashMap<i64, u64>> {
-    let stored = merkle::block_roots(&mut *conn).await?.len() as u64;
+    let stored = view.stored_blocks();
     let start = stored * BLOCK_LEAVES;
     if view.size() <= start {
         return Ok(HashMap::new());

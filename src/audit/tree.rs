@@ -141,6 +141,11 @@ impl TreeView {
         self.size
     }
 
+    /// Blocks stored when the view was loaded (the tail starts after them).
+    pub fn stored_blocks(&self) -> u64 {
+        self.stored_blocks
+    }
+
     /// The leaf at `index`, as the view holds it.
     pub fn leaf(&self, index: u64) -> AuditResult<Hash> {
         self.leaves

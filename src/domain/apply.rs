@@ -92,6 +92,24 @@ pub fn edge_allowed(body: &EventBody, from: JobState, to: JobState) -> bool {
 /// stream (version, epoch, from-state, chain) and is a legal edge.
 pub fn apply(job: Option<&Job>, ev: &Event) -> Result<Job, ApplyError> {
     let Some(prev) = job else { return first(ev) };
+    check(prev, ev)?;
+    let mut j = prev.clone();
+    fold(&mut j, ev)?;
+    Ok(j)
+}
+
+/// `apply`, consuming the job: no copy of it (the offline audit replays
+/// millions of events). A refused event leaves nothing.
+pub fn apply_owned(job: Option<Job>, ev: &Event) -> Result<Job, ApplyError> {
+    let Some(mut j) = job else { return first(ev) };
+    check(&j, ev)?;
+    fold(&mut j, ev)?;
+    Ok(j)
+}
+
+/// Whether `ev` may follow `prev`: the same job and lifecycle, the next
+/// version, linked, from the state the job is in, along an allowed edge.
+fn check(prev: &Job, ev: &Event) -> Result<(), ApplyError> {
     if let EventBody::Enqueued { .. } = ev.body {
         return Err(ApplyError::EnqueueNotFirst);
     }
@@ -126,7 +144,12 @@ pub fn apply(job: Option<&Job>, ev: &Event) -> Result<Job, ApplyError> {
             to: ev.to_state.to_string(),
         });
     }
-    let mut j = prev.clone();
+    Ok(())
+}
+
+/// Folds an accepted event into the job.
+fn fold(j: &mut Job, ev: &Event) -> Result<(), ApplyError> {
+    let prev_reason = j.reason;
     j.token = ev.token;
     j.attempt = ev.attempt;
     j.run = ev.run;
@@ -185,7 +208,7 @@ pub fn apply(job: Option<&Job>, ev: &Event) -> Result<Job, ApplyError> {
         EventBody::Succeeded { result, digest } => {
             j.result = result.clone();
             j.release = release(ReleaseOp::Complete, digest);
-            unlease(&mut j);
+            unlease(j);
         }
         EventBody::Submitted {
             receipt_id,
@@ -195,7 +218,7 @@ pub fn apply(job: Option<&Job>, ev: &Event) -> Result<Job, ApplyError> {
             j.receipt_id = Some(receipt_id.clone());
             j.receipt_deadline = Some(*receipt_deadline);
             j.release = release(ReleaseOp::Submit, digest);
-            unlease(&mut j);
+            unlease(j);
         }
         EventBody::Failed {
             code,
@@ -209,7 +232,7 @@ pub fn apply(job: Option<&Job>, ev: &Event) -> Result<Job, ApplyError> {
             if let Some(at) = run_at {
                 j.run_at = *at;
             }
-            unlease(&mut j);
+            unlease(j);
         }
         EventBody::CancelRequested { .. } if ev.to_state != CancelRequested => {
             // A workflow's cancel: its tally remembers the request.
@@ -222,7 +245,7 @@ pub fn apply(job: Option<&Job>, ev: &Event) -> Result<Job, ApplyError> {
         EventBody::Cancelled { .. } | EventBody::Purged {} => {}
         EventBody::CancelConfirmed { digest } => {
             j.release = release(ReleaseOp::ConfirmCancel, digest);
-            unlease(&mut j);
+            unlease(j);
         }
         EventBody::ReceiptResolved { status, run_at, .. } => {
             if *status != ReceiptStatus::Pending {
@@ -243,27 +266,27 @@ pub fn apply(job: Option<&Job>, ev: &Event) -> Result<Job, ApplyError> {
         EventBody::LeaseExpired { .. } => {
             j.last_error = error("lease_expired", None);
             j.run_at = ev.recorded_at;
-            unlease(&mut j);
+            unlease(j);
         }
         EventBody::Released { digest } => {
             j.release = release(ReleaseOp::Release, digest);
             j.run_at = ev.recorded_at;
-            unlease(&mut j);
+            unlease(j);
         }
         EventBody::Snoozed { run_at, digest } => {
             j.release = release(ReleaseOp::Snooze, digest);
             j.run_at = *run_at;
-            unlease(&mut j);
+            unlease(j);
         }
         EventBody::Replayed { .. } => {
             j.run_at = ev.recorded_at;
             j.result = None;
             j.receipt_id = None;
             j.receipt_deadline = None;
-            unlease(&mut j);
+            unlease(j);
         }
-        EventBody::StepFinished { status, .. } => tally(&mut j, ev, StepStatus::Open, *status)?,
-        EventBody::StepReopened { previous, .. } => tally(&mut j, ev, *previous, StepStatus::Open)?,
+        EventBody::StepFinished { status, .. } => tally(j, ev, StepStatus::Open, *status)?,
+        EventBody::StepReopened { previous, .. } => tally(j, ev, *previous, StepStatus::Open)?,
         EventBody::DependenciesResolved { .. } | EventBody::HoldReleased { .. } => {
             if !matches!(j.workflow, Some(Membership::Step(_))) {
                 return Err(ApplyError::Workflow(
@@ -296,7 +319,7 @@ pub fn apply(job: Option<&Job>, ev: &Event) -> Result<Job, ApplyError> {
                 return Err(ApplyError::Operator(why.into()));
             }
             j.receipt_deadline = None;
-            unlease(&mut j);
+            unlease(j);
         }
         EventBody::Annotated {
             corrects_version,
@@ -310,14 +333,14 @@ pub fn apply(job: Option<&Job>, ev: &Event) -> Result<Job, ApplyError> {
                     at: ev.version,
                 });
             }
-            if ev.reason != prev.reason || operator.trim().is_empty() || note.trim().is_empty() {
+            if ev.reason != prev_reason || operator.trim().is_empty() || note.trim().is_empty() {
                 return Err(ApplyError::Operator(
                     "an annotation keeps the job's reason and names an operator and a reason".into(),
                 ));
             }
         }
     }
-    Ok(j)
+    Ok(())
 }
 
 /// Moves one step in the parent's tally and checks that the event's state

@@ -16,41 +16,48 @@ use super::event::Event;
 pub const DIGEST_VERSION: &str = "v1";
 
 pub fn canonical_json(value: &Value) -> String {
-    let mut out = String::new();
+    let mut out = Vec::with_capacity(256);
     write_canonical(value, &mut out);
-    out
+    String::from_utf8(out).expect("JSON is UTF-8")
 }
 
-fn write_canonical(value: &Value, out: &mut String) {
+/// A JSON string, quoted and escaped exactly as serde_json escapes it,
+/// written straight into `out` (no intermediate `Value` or `String`).
+fn push_str(out: &mut Vec<u8>, s: &str) {
+    serde_json::to_writer(&mut *out, s).expect("writing to a Vec cannot fail");
+}
+
+fn write_canonical(value: &Value, out: &mut Vec<u8>) {
     match value {
         Value::Object(map) => {
             let mut keys: Vec<&String> = map.keys().collect();
             keys.sort();
-            out.push('{');
+            out.push(b'{');
             for (i, key) in keys.into_iter().enumerate() {
                 if i > 0 {
-                    out.push(',');
+                    out.push(b',');
                 }
-                out.push_str(&Value::String(key.clone()).to_string());
-                out.push(':');
+                push_str(out, key);
+                out.push(b':');
                 write_canonical(&map[key], out);
             }
-            out.push('}');
+            out.push(b'}');
         }
         Value::Array(items) => {
-            out.push('[');
+            out.push(b'[');
             for (i, item) in items.iter().enumerate() {
                 if i > 0 {
-                    out.push(',');
+                    out.push(b',');
                 }
                 write_canonical(item, out);
             }
-            out.push(']');
+            out.push(b']');
         }
         // PostgreSQL's numeric has no negative zero: -0.0 is stored as 0.0, so
         // the canonical form must not tell them apart either.
-        Value::Number(n) if n.is_f64() && n.as_f64() == Some(0.0) => out.push_str("0.0"),
-        scalar => out.push_str(&scalar.to_string()),
+        Value::Number(n) if n.is_f64() && n.as_f64() == Some(0.0) => out.extend_from_slice(b"0.0"),
+        Value::String(v) => push_str(out, v),
+        scalar => serde_json::to_writer(&mut *out, scalar).expect("writing to a Vec cannot fail"),
     }
 }
 
@@ -134,36 +141,42 @@ pub struct HashInput<'a> {
 
 /// The hash of a stored event, in the layout of its schema.
 pub fn hash_stored(e: &HashInput<'_>) -> String {
-    let mut out = String::with_capacity(512);
-    let s = |v: &str| Value::String(v.to_string()).to_string();
-    let opt = |v: Option<&str>| v.map_or("null".to_string(), s);
+    use std::io::Write;
+    let mut out: Vec<u8> = Vec::with_capacity(512);
+    let opt = |out: &mut Vec<u8>, v: Option<&str>| match v {
+        Some(v) => push_str(out, v),
+        None => out.extend_from_slice(b"null"),
+    };
     let layout = if e.schema <= 1 { 1 } else { 2 };
     // Keys in byte order: actor, at, attempt, data, epoch, error_class, from,
     // h, job_id, prev, reason, run, [schema,] to, token, type, version.
-    out.push_str("{\"actor\":");
-    out.push_str(&s(e.actor));
-    out.push_str(",\"at\":");
-    out.push_str(&s(&fmt_time(e.recorded_at)));
-    out.push_str(&format!(",\"attempt\":{},\"data\":", e.attempt));
+    let w = "writing to a Vec cannot fail";
+    out.extend_from_slice(b"{\"actor\":");
+    push_str(&mut out, e.actor);
+    out.extend_from_slice(b",\"at\":");
+    push_str(&mut out, &fmt_time(e.recorded_at));
+    write!(out, ",\"attempt\":{},\"data\":", e.attempt).expect(w);
     write_canonical(e.data, &mut out);
-    out.push_str(&format!(",\"epoch\":{},\"error_class\":", e.epoch));
-    out.push_str(&opt(e.error_class));
-    out.push_str(",\"from\":");
-    out.push_str(&opt(e.from_state));
-    out.push_str(&format!(",\"h\":{layout},\"job_id\":{},\"prev\":", s(e.job_id)));
-    out.push_str(&opt(e.prev_hash));
-    out.push_str(",\"reason\":");
-    out.push_str(&s(e.reason));
-    out.push_str(&format!(",\"run\":{}", e.run));
+    write!(out, ",\"epoch\":{},\"error_class\":", e.epoch).expect(w);
+    opt(&mut out, e.error_class);
+    out.extend_from_slice(b",\"from\":");
+    opt(&mut out, e.from_state);
+    write!(out, ",\"h\":{layout},\"job_id\":").expect(w);
+    push_str(&mut out, e.job_id);
+    out.extend_from_slice(b",\"prev\":");
+    opt(&mut out, e.prev_hash);
+    out.extend_from_slice(b",\"reason\":");
+    push_str(&mut out, e.reason);
+    write!(out, ",\"run\":{}", e.run).expect(w);
     if layout >= 2 {
-        out.push_str(&format!(",\"schema\":{}", e.schema));
+        write!(out, ",\"schema\":{}", e.schema).expect(w);
     }
-    out.push_str(",\"to\":");
-    out.push_str(&s(e.to_state));
-    out.push_str(&format!(",\"token\":{},\"type\":", e.token));
-    out.push_str(&s(e.kind));
-    out.push_str(&format!(",\"version\":{}}}", e.version));
-    hex::encode(Sha256::digest(out.as_bytes()))
+    out.extend_from_slice(b",\"to\":");
+    push_str(&mut out, e.to_state);
+    write!(out, ",\"token\":{},\"type\":", e.token).expect(w);
+    push_str(&mut out, e.kind);
+    write!(out, ",\"version\":{}}}", e.version).expect(w);
+    hex::encode(Sha256::digest(&out))
 }
 
 /// The object whose canonical JSON `event_hash` hashes (the specification;

@@ -199,7 +199,15 @@ impl EventBody {
 
     /// Rebuilds from the `type` and `data` columns.
     pub fn from_parts(kind: &str, data: &Value) -> Result<Self, serde_json::Error> {
-        serde_json::from_value(serde_json::json!({ "type": kind, "data": data }))
+        Self::from_parts_owned(kind, data.clone())
+    }
+
+    /// `from_parts`, consuming the data.
+    pub fn from_parts_owned(kind: &str, data: Value) -> Result<Self, serde_json::Error> {
+        let mut m = serde_json::Map::new();
+        m.insert("type".into(), Value::String(kind.into()));
+        m.insert("data".into(), data);
+        serde_json::from_value(Value::Object(m))
     }
 }
 

@@ -37,13 +37,18 @@ pub enum UpcastError {
 /// The `data` of an event of type `kind` stored at `schema`, as the current
 /// schema has it.
 pub fn upcast(schema: i16, kind: &str, data: &Value) -> Result<Value, UpcastError> {
+    upcast_owned(schema, kind, data.clone())
+}
+
+/// `upcast`, consuming the data (no copy when it is already current).
+pub fn upcast_owned(schema: i16, kind: &str, data: Value) -> Result<Value, UpcastError> {
     if schema < 1 {
         return Err(UpcastError::Unknown(schema));
     }
     if schema > CURRENT {
         return Err(UpcastError::TooNew(schema));
     }
-    let mut data = data.clone();
+    let mut data = data;
     for from in schema..CURRENT {
         data = step(from, kind, data)?;
     }

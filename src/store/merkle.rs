@@ -198,3 +198,15 @@ pub fn heads_between(
     .bind(to.1)
     .fetch(conn)
 }
+
+/// The log stream's last event with its position (the latest signed head).
+pub async fn last_of_stream<'e>(
+    exec: impl PgExecutor<'e>,
+    stream: Uuid,
+) -> StoreResult<Option<(i64, EventRow)>> {
+    let sql = format!(
+        "SELECT position, {EVENT_COLUMNS} FROM jobledger.events WHERE job_id = $1 ORDER BY version DESC LIMIT 1"
+    );
+    let row: Option<EventRow> = sqlx::query_as(&sql).bind(stream).fetch_optional(exec).await?;
+    Ok(row.map(|r| (r.position, r)))
+}

@@ -202,6 +202,11 @@ impl EventRow {
     /// The event as the domain reads it today: its data upcast from the
     /// schema it was written in to the current one.
     pub fn to_event(&self) -> Result<Event, StoreError> {
+        self.clone().into_event()
+    }
+
+    /// `to_event`, consuming the row (no copy of its data).
+    pub fn into_event(self) -> Result<Event, StoreError> {
         use crate::domain::ErrorClass;
         let state = |s: &str| JobState::parse(s).ok_or_else(|| corrupt("state", s));
         Ok(Event {
@@ -221,12 +226,12 @@ impl EventRow {
                 .transpose()?,
             actor: self.actor.clone(),
             recorded_at: self.recorded_at,
-            body: crate::domain::schema::upcast(self.schema, &self.kind, &self.data)
+            body: crate::domain::schema::upcast_owned(self.schema, &self.kind, self.data)
                 .map_err(|e| e.to_string())
-                .and_then(|data| EventBody::from_parts(&self.kind, &data).map_err(|e| e.to_string()))
+                .and_then(|data| EventBody::from_parts_owned(&self.kind, data).map_err(|e| e.to_string()))
                 .map_err(|e| StoreError::Corrupt(format!("event {} v{}: {e}", self.job_id, self.version)))?,
-            prev_hash: self.prev_hash.clone(),
-            hash: self.hash.clone(),
+            prev_hash: self.prev_hash,
+            hash: self.hash,
         })
     }
 }

@@ -107,7 +107,13 @@ pub async fn run(args: BenchArgs) -> Result<i32> {
     }
     .await;
     ledger.pool().close().await;
-    drop_database(&args.url, &name).await;
+    // JOBLEDGER_BENCH_KEEP=1 keeps the database (profiling one phase of a
+    // bench by hand afterwards, e.g. `export` and `audit` on its log).
+    if std::env::var_os("JOBLEDGER_BENCH_KEEP").is_some() {
+        eprintln!("bench: kept database {name}");
+    } else {
+        drop_database(&args.url, &name).await;
+    }
     result.map(|_| 0)
 }
 
