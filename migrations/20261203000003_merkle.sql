@@ -29,6 +29,8 @@ CREATE UNIQUE INDEX merkle_blocks_last ON jobledger.merkle_blocks (last_txid, la
 
 CREATE TRIGGER merkle_blocks_no_update BEFORE UPDATE OR DELETE ON jobledger.merkle_blocks
     FOR EACH ROW EXECUTE FUNCTION jobledger.refuse_event_change();
+CREATE TRIGGER merkle_blocks_no_truncate BEFORE TRUNCATE ON jobledger.merkle_blocks
+    FOR EACH STATEMENT EXECUTE FUNCTION jobledger.refuse_event_change();
 
 GRANT SELECT ON jobledger.ledger_identity, jobledger.merkle_blocks
     TO jobledger_worker, jobledger_reader, jobledger_admin;

@@ -299,6 +299,11 @@ impl ReaderLease {
         )
     }
 
+    /// Gives the lease up (it expires now), so a successor need not wait.
+    pub async fn release(&self) -> LedgerResult<bool> {
+        Ok(readers::renew_reader_lease(&self.reader.pool, &self.reader.name, self.token, 0).await?)
+    }
+
     /// Advances the checkpoint; false (nothing written) when fenced out.
     pub async fn advance(&self, to: Checkpoint) -> LedgerResult<bool> {
         Ok(readers::advance_checkpoint(

@@ -5,159 +5,13 @@
 
 mod common;
 
-use common::{fresh, new_job, TestDb};
-use ed25519_dalek::{SigningKey, VerifyingKey};
+use common::auditkit::{audit, job_with, new_kit, Kit};
+use common::new_job;
+use ed25519_dalek::SigningKey;
 use jobledger::audit::checkpointer::{CheckpointConfig, Checkpointer};
-use jobledger::audit::offline::{audit_proof, Auditor, Finding};
-use jobledger::domain::ErrorClass;
-use jobledger::store::EventRow;
+use jobledger::audit::proofcheck::audit_proof;
 use serde_json::json;
-use std::path::PathBuf;
 use std::time::Duration;
-use uuid::Uuid;
-
-struct Kit {
-    db: TestDb,
-    key: SigningKey,
-    public: VerifyingKey,
-    dir: PathBuf,
-}
-
-impl Kit {
-    fn checkpointer(&self) -> Checkpointer {
-        Checkpointer::new(
-            self.db.ledger.clone(),
-            self.key.clone(),
-            CheckpointConfig::default(),
-        )
-    }
-
-    async fn checkpoint(&self) -> u64 {
-        let step = self.checkpointer().checkpoint_now().await.unwrap();
-        step.signed.expect("a head was signed").head.tree_size
-    }
-
-    fn path(&self, name: &str) -> PathBuf {
-        self.dir.join(name)
-    }
-
-    /// Exports the whole log and audits it offline: the findings.
-    async fn export_and_audit(&self, name: &str) -> Vec<Finding> {
-        let out = self.path(name);
-        self.db.ledger.export(0, None, &out).await.unwrap();
-        audit(&[out], Some(self.public))
-    }
-
-    async fn problems(&self) -> Vec<jobledger::ledger::Problem> {
-        self.db
-            .ledger
-            .verify_with(None, Some(&self.public))
-            .await
-            .unwrap()
-            .problems
-    }
-
-    /// Runs `sql` as the superuser with every trigger off.
-    async fn around(&self, sql: &str) {
-        let mut tx = self.db.ledger.pool().begin().await.unwrap();
-        sqlx::query("SET LOCAL session_replication_role = replica")
-            .execute(&mut *tx)
-            .await
-            .unwrap();
-        sqlx::raw_sql(sql).execute(&mut *tx).await.unwrap();
-        tx.commit().await.unwrap();
-    }
-
-    async fn events_of(&self, job: Uuid) -> Vec<EventRow> {
-        jobledger::store::events::job_events(self.db.ledger.pool(), job)
-            .await
-            .unwrap()
-    }
-
-    /// What an attacker who knows the hashing does after changing a job's
-    /// events: every hash and link recomputed, the projection's last hash too.
-    async fn recompute_chain(&self, job: Uuid) {
-        let mut prev: Option<String> = None;
-        let mut sql = String::new();
-        for mut e in self.events_of(job).await {
-            e.prev_hash = prev.clone();
-            let h = e.stored_hash();
-            sql.push_str(&format!(
-                "UPDATE jobledger.events SET prev_hash = {}, hash = '{h}' WHERE position = {};",
-                prev.as_ref().map_or("NULL".into(), |p| format!("'{p}'")),
-                e.position
-            ));
-            prev = Some(h);
-        }
-        sql.push_str(&format!(
-            "UPDATE jobledger.jobs SET last_hash = '{}' WHERE job_id = '{job}';",
-            prev.unwrap()
-        ));
-        self.around(&sql).await;
-    }
-}
-
-fn audit(files: &[PathBuf], key: Option<VerifyingKey>) -> Vec<Finding> {
-    let mut found = vec![];
-    let mut a = Auditor::new(key, |f| found.push(f.clone()));
-    for f in files {
-        a.segment(f).unwrap();
-    }
-    a.finish();
-    found
-}
-
-/// 100 jobs (over 256 events: a stored block) through claims, results, failures and observations, then a
-/// signed head over all of it.
-async fn new_kit() -> Kit {
-    let db = fresh().await;
-    let dir = std::env::temp_dir().join(format!("jl-audit-{}", Uuid::new_v4().simple()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let (_, public) = jobledger::audit::keys::keygen(&dir.join("key")).unwrap();
-    let key = jobledger::audit::keys::signing_key(&dir.join("key")).unwrap();
-    let public = jobledger::audit::keys::public_key(&public).unwrap();
-    for i in 0..100 {
-        db.ledger
-            .enqueue(new_job("q", Some(&format!("k{i}")), json!({ "i": i })))
-            .await
-            .unwrap();
-    }
-    let leases = db
-        .ledger
-        .claim("q", "w", Duration::from_secs(30), 100)
-        .await
-        .unwrap();
-    for (i, l) in leases.into_iter().enumerate() {
-        let r = match i % 4 {
-            0 => l.fail(ErrorClass::Permanent, "declined", None).await,
-            1 => {
-                l.observe("ack", json!({ "i": i })).await.unwrap();
-                l.complete(Some(json!({ "refund": i }))).await
-            }
-            _ => l.complete(Some(json!({ "refund": i }))).await,
-        };
-        assert!(r.unwrap().committed());
-    }
-    let kit = Kit { db, key, public, dir };
-    kit.checkpoint().await;
-    kit
-}
-
-async fn job_with(kit: &Kit, kind: &str) -> (Uuid, EventRow) {
-    let row: (Uuid,) = sqlx::query_as(&format!(
-        "SELECT job_id FROM jobledger.events WHERE type = '{kind}' ORDER BY position LIMIT 1"
-    ))
-    .fetch_one(kit.db.ledger.pool())
-    .await
-    .unwrap();
-    let ev = kit
-        .events_of(row.0)
-        .await
-        .into_iter()
-        .find(|e| e.kind == kind)
-        .unwrap();
-    (row.0, ev)
-}
 
 #[tokio::test]
 async fn proofs_and_exports_check_offline() {
@@ -381,13 +235,25 @@ async fn signed_checkpoints_catch_a_recomputed_chain() {
         "the chain is whole: {f:?}"
     );
 
-    // The stored tree rewritten to match, then the checkpoint's root too:
-    // the signature no longer verifies.
+    // The checkpointer refuses to sign over a tree that no longer extends
+    // its last head, even with the stored blocks rewritten to match.
+    let held = jobledger::audit::checkpointer::checkpoints(&kit.db.ledger)
+        .await
+        .unwrap()
+        .pop()
+        .unwrap()
+        .2;
     kit.around(
         "DELETE FROM jobledger.merkle_blocks; \
          DELETE FROM jobledger.readers WHERE name = 'merkle'",
     )
     .await;
+    let refused = kit.checkpointer().checkpoint_now().await.unwrap_err();
+    assert!(refused.to_string().contains("refusing to sign"), "{refused}");
+    // So the attacker removes the signed heads too and signs their own with
+    // another key: the key and the head the auditor held both tell.
+    kit.around("DELETE FROM jobledger.events WHERE job_id = '00000000-0000-0000-0000-000000000000'")
+        .await;
     let forger = Checkpointer::new(
         kit.db.ledger.clone(),
         SigningKey::from_bytes(&[9u8; 32]),
@@ -396,13 +262,40 @@ async fn signed_checkpoints_catch_a_recomputed_chain() {
     forger.checkpoint_now().await.unwrap();
     let p = kit.problems().await;
     assert!(
-        p.iter().any(|p| p.detail.contains("checkpoint v1 signed root")),
+        p.iter()
+            .any(|p| p.detail.contains("checkpoint v1: signed by key")),
         "{p:?}"
     );
+    let report = kit
+        .db
+        .ledger
+        .verify_with(None, None, std::slice::from_ref(&held))
+        .await
+        .unwrap();
     assert!(
-        p.iter()
-            .any(|p| p.detail.contains("checkpoint v2: signed by key")),
-        "{p:?}"
+        report
+            .problems
+            .iter()
+            .any(|p| p.detail.contains("the head you hold signed root")),
+        "{:?}",
+        report.problems
+    );
+    let out = kit.path("forged.zst");
+    kit.db.ledger.export(0, None, &out).await.unwrap();
+    let mut found = vec![];
+    let mut a = jobledger::audit::offline::Auditor::new(Some(kit.public), |f| found.push(f.clone()));
+    a.hold("held.json", held);
+    a.segment(&out).unwrap();
+    a.finish();
+    assert!(
+        found
+            .iter()
+            .any(|f| f.detail.contains("the head you hold signed root")),
+        "{found:?}"
+    );
+    assert!(
+        found.iter().any(|f| f.detail.contains("not by the key given")),
+        "{found:?}"
     );
 }
 

@@ -57,11 +57,8 @@ pub struct AuditLog;
 impl EventHandler for AuditLog {
     fn handle<'a>(&'a self, conn: &'a mut PgConnection, ev: &'a JobEvent) -> HandlerFuture<'a> {
         Box::pin(async move {
-            // The log's own events (signed checkpoints, the nil stream id)
-            // are no job's state.
-            if ev.job_id.is_nil() {
-                return Ok(Handled::Applied);
-            }
+            // The log's own events (signed checkpoints) are copied like any
+            // event: the copy holds the operator to every signed head.
             let b = &ev.body;
             let inserted = sqlx::query(
                 "INSERT INTO jobledger_consumer.audit_log (job_id, version, position, hash, prev_hash, body) \

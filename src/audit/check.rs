@@ -32,10 +32,38 @@ pub struct TreeCheck {
     pub problems: Vec<Problem>,
 }
 
-/// Walks the log in log order, in the caller's snapshot.
-pub async fn check_tree(conn: &mut PgConnection, key: Option<&VerifyingKey>) -> AuditResult<TreeCheck> {
+/// A signed head to hold the log to: one of the log's own checkpoints
+/// (its version and position), or one the auditor holds from outside.
+struct Due {
+    label: String,
+    version: Option<i64>,
+    position: Option<i64>,
+    checkpoint: Checkpoint,
+}
+
+/// Walks the log in log order, in the caller's snapshot. `held`: heads the
+/// auditor holds from outside the database (`verify --head`): the log must
+/// still have them, whatever happened to its own checkpoints.
+pub async fn check_tree(
+    conn: &mut PgConnection,
+    key: Option<&VerifyingKey>,
+    held: &[Checkpoint],
+) -> AuditResult<TreeCheck> {
     let mut out = TreeCheck::default();
-    let mut due: BTreeMap<u64, Vec<(i64, i64, Checkpoint)>> = BTreeMap::new();
+    let mut due: BTreeMap<u64, Vec<Due>> = BTreeMap::new();
+    for cp in held {
+        if let Some(Err(e)) = key.map(|k| cp.verify(k)) {
+            out.problems
+                .push(problem(None, None, format!("the head you hold: {e}")));
+        }
+        let d = Due {
+            label: "the head you hold".into(),
+            version: None,
+            position: None,
+            checkpoint: cp.clone(),
+        };
+        due.entry(cp.head.tree_size).or_default().push(d);
+    }
     let mut prev: Option<String> = None;
     for (_, row) in merkle::log_stream(&mut *conn, LOG_STREAM).await? {
         let (v, p) = (Some(row.version), Some(row.position));
@@ -63,9 +91,13 @@ pub async fn check_tree(conn: &mut PgConnection, key: Option<&VerifyingKey>) -> 
             }
         }
         out.checkpoints += 1;
-        due.entry(cp.head.tree_size)
-            .or_default()
-            .push((row.version, row.position, cp));
+        let d = Due {
+            label: format!("checkpoint v{}", row.version),
+            version: Some(row.version),
+            position: Some(row.position),
+            checkpoint: cp,
+        };
+        due.entry(d.checkpoint.head.tree_size).or_default().push(d);
     }
     let mut f = Frontier::new();
     let (mut txid, mut position) = (0i64, 0i64);
@@ -113,30 +145,32 @@ pub async fn check_tree(conn: &mut PgConnection, key: Option<&VerifyingKey>) -> 
             f.push(leaf);
             if let Some(cps) = due.remove(&f.size()) {
                 let root = hex::encode(f.root());
-                for (v, p, cp) in cps {
-                    if cp.head.root != root {
-                        out.problems.push(problem(
-                            Some(v),
-                            Some(p),
-                            format!(
-                                "checkpoint v{v} signed root {} over {} leaves; the log's is {root}: \
-                                 an event up to position {} was changed, removed or added",
-                                cp.head.root, cp.head.tree_size, l.position
-                            ),
-                        ));
-                    }
+                for d in cps.into_iter().filter(|d| d.checkpoint.head.root != root) {
+                    let detail = format!(
+                        "{} signed root {} over {} leaves; the log's is {root}: \
+                         an event up to position {} was changed, removed or added",
+                        d.label, d.checkpoint.head.root, d.checkpoint.head.tree_size, l.position
+                    );
+                    out.problems.push(problem(d.version, d.position, detail));
                 }
             }
         }
     }
     out.leaves = f.size();
     for (size, cps) in due {
-        for (v, p, _) in cps {
-            let d = format!("checkpoint v{v} signs {size} leaves; the log has {}", f.size());
-            out.problems.push(problem(Some(v), Some(p), d));
+        for d in cps {
+            let detail = format!("{} signs {size} leaves; the log has {}", d.label, f.size());
+            out.problems.push(problem(d.version, d.position, detail));
         }
     }
-    let stored = merkle::block_roots(&mut *conn).await?.len() as u64;
+    let stored = match merkle::block_roots(&mut *conn).await {
+        Ok(r) => r.len() as u64,
+        Err(crate::store::StoreError::Corrupt(d)) => {
+            out.problems.push(problem(None, None, d));
+            0
+        }
+        Err(e) => return Err(e.into()),
+    };
     if stored * BLOCK_LEAVES > f.size() {
         out.problems.push(problem(
             None,

@@ -57,32 +57,116 @@ struct Tree {
     pending: Vec<LeafRow>,
     /// Leaves (not counting the checkpoints themselves) since the last head.
     unsigned: u64,
+    /// The tree size of the last signed head.
+    signed_size: u64,
     last_signed: Instant,
 }
 
 impl Tree {
+    /// The tree as stored, trusted only as far as it is checked: the blocks
+    /// under the last signed head must give its root, and every block past
+    /// them must be the log's own leaves. A tree that fails either (the log
+    /// was changed after it was signed, or someone wrote a block: the
+    /// worker role may insert them) is refused: nothing is signed over it.
     async fn load(conn: &mut sqlx::PgConnection) -> AuditResult<Tree> {
-        let mut blocks = Frontier::new();
-        for r in merkle::block_roots(&mut *conn).await? {
-            blocks.push_subtree(BLOCK_HEIGHT, to_hash(&r)?);
-        }
-        let n = blocks.size() / BLOCK_LEAVES;
-        let block_end = match n {
-            0 => (0, 0),
-            n => {
-                let b = merkle::block(&mut *conn, n as i64 - 1)
-                    .await?
-                    .ok_or_else(|| AuditError::Mismatch(format!("block {} is missing", n - 1)))?;
-                (b.last_txid, b.last_position)
-            }
+        let roots = merkle::block_roots(&mut *conn).await?;
+        let signed = match merkle::last_of_stream(&mut *conn, LOG_STREAM).await? {
+            Some((_, row)) => Some(
+                Checkpoint::from_data(&row.data)
+                    .ok_or_else(|| {
+                        AuditError::Mismatch(format!("checkpoint v{} is unreadable", row.version))
+                    })?
+                    .head,
+            ),
+            None => None,
         };
-        Ok(Tree {
-            blocks,
-            block_end,
+        let signed_size = signed.as_ref().map_or(0, |h| h.tree_size);
+        // Blocks wholly under the head are vouched for by its root (checked
+        // below); the walk over the log starts after them.
+        let trusted = (signed_size / BLOCK_LEAVES).min(roots.len() as u64);
+        let mut f = Frontier::new();
+        for r in &roots[..trusted as usize] {
+            f.push_subtree(BLOCK_HEIGHT, to_hash(r)?);
+        }
+        let mut cursor = match trusted {
+            0 => (0, 0),
+            n => merkle::block(&mut *conn, n as i64 - 1)
+                .await?
+                .map(|b| (b.last_txid, b.last_position))
+                .ok_or_else(|| AuditError::Mismatch(format!("block {} is missing", n - 1)))?,
+        };
+        let stored_end = roots.len() as u64 * BLOCK_LEAVES;
+        let walk_to = stored_end.max(signed_size);
+        let mut tree = Tree {
+            blocks: f.clone(),
+            block_end: cursor,
             pending: vec![],
             unsigned: 0,
+            signed_size,
             last_signed: Instant::now(),
-        })
+        };
+        if signed_size > 0 && signed_size == f.size() {
+            check_head(&f, signed.as_ref().expect("signed"))?;
+        }
+        while f.size() < walk_to {
+            let want = (walk_to - f.size()).min(PAGE as u64) as i64;
+            let page = merkle::leaves_after(&mut *conn, cursor.0, cursor.1, want).await?;
+            let Some(last) = page.last() else { break };
+            cursor = (last.txid, last.position);
+            for l in page {
+                f.push(leaf_of(&l));
+                let index = f.size() - 1;
+                tree.count(&l, index);
+                tree.pending.push(l);
+                if f.size() == signed_size {
+                    check_head(&f, signed.as_ref().expect("signed"))?;
+                }
+                if tree.pending.len() as u64 == BLOCK_LEAVES && tree.blocks.size() < stored_end {
+                    tree.adopt_block(conn).await?;
+                }
+            }
+        }
+        if signed_size > f.size() {
+            return Err(AuditError::Mismatch(format!(
+                "the last signed head covers {signed_size} leaves; the log has {}: refusing to sign",
+                f.size()
+            )));
+        }
+        if tree.blocks.size() < stored_end {
+            return Err(AuditError::Mismatch(format!(
+                "the tree stores {} blocks; the log fills {}: refusing to sign",
+                roots.len(),
+                tree.blocks.size() / BLOCK_LEAVES
+            )));
+        }
+        Ok(tree)
+    }
+
+    /// The first 256 pending leaves are the stored block they fall in:
+    /// checked against it, then taken as stored.
+    async fn adopt_block(&mut self, conn: &mut sqlx::PgConnection) -> AuditResult<()> {
+        let n = self.blocks.size() / BLOCK_LEAVES;
+        let b = merkle::block(&mut *conn, n as i64)
+            .await?
+            .ok_or_else(|| AuditError::Mismatch(format!("block {n} is missing")))?;
+        let leaves: Vec<Hash> = self.pending.iter().map(leaf_of).collect();
+        let positions: Vec<i64> = self.pending.iter().map(|l| l.position).collect();
+        if b.positions != positions || b.leaves != leaves.concat() || b.root != root_of(&leaves).to_vec() {
+            return Err(AuditError::Mismatch(format!(
+                "stored block {n} is not the log's leaves {}..{}: refusing to sign",
+                n * BLOCK_LEAVES,
+                (n + 1) * BLOCK_LEAVES
+            )));
+        }
+        self.stored(&[b]);
+        Ok(())
+    }
+
+    /// Counts a leaf the next head will cover for the first time.
+    fn count(&mut self, l: &LeafRow, index: u64) {
+        if index >= self.signed_size && l.job_id != LOG_STREAM {
+            self.unsigned += 1;
+        }
     }
 
     fn size(&self) -> u64 {
@@ -182,6 +266,7 @@ impl Checkpointer {
                 tokio::select! { _ = stop.cancelled() => {}, _ = tokio::time::sleep(self.cfg.poll) => {} }
             }
         }
+        lease.release().await?;
         Ok(())
     }
 
@@ -193,7 +278,10 @@ impl Checkpointer {
             .acquire(&self.cfg.holder, self.cfg.lease)
             .await?
             .ok_or_else(|| AuditError::Unanswerable("another checkpointer holds the lease".into()))?;
-        self.catch_up_with(&lease).await
+        let done = self.catch_up_with(&lease).await;
+        // Give the lease back, so the next one need not wait for it to expire.
+        lease.release().await?;
+        done
     }
 
     /// `checkpoint_now` under a lease the caller holds.
@@ -226,8 +314,11 @@ impl Checkpointer {
             leaves: page.len() as u64,
             ..Step::default()
         };
-        tree.unsigned += page.iter().filter(|l| l.job_id != LOG_STREAM).count() as u64;
-        tree.pending.extend(page);
+        for l in page {
+            let index = tree.size();
+            tree.count(&l, index);
+            tree.pending.push(l);
+        }
         let blocks = tree.full_blocks();
         let caught_up = step.leaves < PAGE as u64;
         let due = tree.unsigned > 0
@@ -243,15 +334,16 @@ impl Checkpointer {
             return Ok(step);
         }
         let mut tx = sqlx::Connection::begin(&mut *conn).await?;
-        merkle::insert_blocks(&mut tx, &blocks).await?;
         // The fence of everything this transaction writes (blocks and the
-        // head alike): the checkpoint moves, or stays, only for the holder.
+        // head alike), taken first: the checkpoint moves, or stays, only for
+        // the holder, and a fenced-out one meets it before anything else.
         let end = blocks
             .last()
             .map_or(tree.block_end, |b| (b.last_txid, b.last_position));
         if !readers::advance_checkpoint(&mut *tx, READER, lease.token(), end.0, end.1).await? {
             return Err(AuditError::LeaseLost);
         }
+        merkle::insert_blocks(&mut tx, &blocks).await?;
         let signed = if due {
             Some(self.append_head(&mut tx, tree, lease.token()).await?)
         } else {
@@ -260,8 +352,9 @@ impl Checkpointer {
         tx.commit().await?;
         step.blocks = blocks.len() as u64;
         tree.stored(&blocks);
-        if signed.is_some() {
+        if let Some(cp) = &signed {
             tree.unsigned = 0;
+            tree.signed_size = cp.head.tree_size;
             tree.last_signed = Instant::now();
         }
         step.signed = signed;
@@ -319,16 +412,30 @@ fn log_row(ev: checkpoint::CheckpointEvent) -> EventRow {
 
 /// Every signed checkpoint in the log: `(position, version, checkpoint)`.
 pub async fn checkpoints(ledger: &Ledger) -> AuditResult<Vec<(i64, i64, Checkpoint)>> {
-    let mut out = vec![];
-    for (_, row) in merkle::log_stream(ledger.pool(), LOG_STREAM).await? {
-        let cp = Checkpoint::from_data(&row.data)
-            .ok_or_else(|| AuditError::Mismatch(format!("checkpoint v{} is unreadable", row.version)))?;
-        out.push((row.position, row.version, cp));
-    }
-    Ok(out)
+    // An unreadable one is left out here (verify and audit report it): it
+    // must not stop exports and proofs of the rest.
+    Ok(merkle::log_stream(ledger.pool(), LOG_STREAM)
+        .await?
+        .into_iter()
+        .filter_map(|(_, row)| Checkpoint::from_data(&row.data).map(|cp| (row.position, row.version, cp)))
+        .collect())
 }
 
 /// The log id of this ledger.
 pub async fn log_id(ledger: &Ledger) -> AuditResult<Uuid> {
     Ok(merkle::log_id(ledger.pool()).await?)
+}
+
+/// The frontier reached the last signed head's size: its root must be the
+/// signed one, or the log (or the stored tree) changed after it was signed.
+fn check_head(f: &Frontier, head: &TreeHead) -> AuditResult<()> {
+    let root = hex::encode(f.root());
+    if root != head.root {
+        return Err(AuditError::Mismatch(format!(
+            "the tree of {} leaves has root {root}, not the root {} signed for it: the log or the stored tree \
+             changed after it was signed; refusing to sign over it",
+            head.tree_size, head.root
+        )));
+    }
+    Ok(())
 }

@@ -126,6 +126,12 @@ impl Ledger {
     /// Writes the segment `[from, to)` of the log (to the log's end as of
     /// now when `to` is `None`) to `out`.
     pub async fn export(&self, from: u64, to: Option<u64>, out: &Path) -> AuditResult<Exported> {
+        if to.is_some_and(|t| t < from) {
+            return Err(AuditError::BadInput(format!(
+                "--to {} is before --from {from}",
+                to.unwrap_or(0)
+            )));
+        }
         let mut conn = self.pool().acquire().await?;
         let log_id = merkle::log_id(&mut *conn).await?;
         let end_place = merkle::log_end(&mut *conn).await?;

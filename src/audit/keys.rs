@@ -9,14 +9,23 @@ use super::{io, AuditError, AuditResult};
 use crate::domain::checkpoint::{key_id, parse_key_hex};
 
 /// Writes a new key pair: `secret` (mode 0600, 64 hex digits of the seed)
-/// and `secret.pub` (64 hex digits of the public key). Refuses to overwrite.
+/// and `secret` + `.pub` (64 hex digits of the public key). Refuses to
+/// overwrite either, and a secret named like a public key.
 pub fn keygen(secret: &Path) -> AuditResult<(String, std::path::PathBuf)> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
     let mut seed = [0u8; 32];
     rand::rngs::OsRng.fill_bytes(&mut seed);
     let key = SigningKey::from_bytes(&seed);
-    let public = secret.with_extension("pub");
+    if secret.extension().is_some_and(|e| e == "pub") {
+        return Err(AuditError::BadInput(format!(
+            "{} is named like a public key; name the secret key file",
+            secret.display()
+        )));
+    }
+    let mut public = secret.as_os_str().to_owned();
+    public.push(".pub");
+    let public = std::path::PathBuf::from(public);
     for p in [secret, public.as_path()] {
         if p.exists() {
             return Err(AuditError::BadInput(format!(

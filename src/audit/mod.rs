@@ -7,7 +7,9 @@ pub mod check;
 pub mod checkpointer;
 pub mod export;
 pub mod keys;
+mod lines;
 pub mod offline;
+pub mod proofcheck;
 pub mod prove;
 pub mod tree;
 

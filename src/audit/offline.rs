@@ -1,24 +1,24 @@
-//! `audit`: checks exported segments and proofs with no database. Every
-//! hash link, every job replayed through the same state machine as
-//! `verify`, the Merkle root recomputed and held against the manifest and
-//! every signed checkpoint, continuity across consecutive segments. Each
-//! finding names its position; the caller prints one line per finding.
+//! `audit`: checks exported segments with no database. Every hash link,
+//! every job replayed through the same state machine as `verify`, the
+//! Merkle root recomputed and held against the manifest, every signed
+//! checkpoint in the segments and every head the auditor holds (`--head`),
+//! continuity across consecutive segments. Each finding names its place;
+//! the caller prints one line per finding.
 
 use ed25519_dalek::VerifyingKey;
 use serde::Serialize;
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::io::BufRead;
 use std::path::Path;
 use uuid::Uuid;
 
-use super::export::{checkpoint_of, EventLine, HeadLine, Header, Manifest, FORMAT};
-use super::prove::{ConsistencyProof, InclusionProof};
+use super::export::{Header, Manifest, FORMAT};
+use super::lines::{parse_in_parallel, Parsed, Seen};
 use super::{io, AuditError, AuditResult};
 use crate::domain::apply::apply_owned;
-use crate::domain::checkpoint::LOG_STREAM;
-use crate::domain::merkle::{event_leaf, verify_consistency, verify_inclusion, Frontier, Hash};
+use crate::domain::checkpoint::{Checkpoint, LOG_STREAM};
+use crate::domain::merkle::{event_leaf, Frontier, Hash};
 use crate::domain::{Event, Job};
-use crate::store::EventRow;
 
 #[derive(Clone, Debug, Serialize)]
 pub struct Finding {
@@ -35,6 +35,8 @@ pub struct AuditReport {
     pub events: u64,
     pub jobs: u64,
     pub checkpoints_checked: u64,
+    /// The largest tree size a verified signed head covers (`--pubkey`).
+    pub signed_through: Option<u64>,
     pub findings: u64,
     pub from_index: Option<u64>,
     pub end_index: u64,
@@ -45,130 +47,6 @@ pub struct AuditReport {
     pub trusted_prefix: bool,
 }
 
-/// What the sequential part of the audit needs of one event: its place,
-/// its chain fields, the stored hash's check, and the event as the domain
-/// reads it (parsed on the reading thread).
-struct Seen {
-    label: u64,
-    position: i64,
-    job_id: Uuid,
-    version: i64,
-    hash: String,
-    prev_hash: Option<String>,
-    hash_ok: bool,
-    checkpoint: Option<crate::domain::checkpoint::Checkpoint>,
-    /// `None` for the log's own stream (not a job: nothing to replay).
-    event: Option<Result<Event, String>>,
-}
-
-enum Parsed {
-    Event(Box<Seen>),
-    Head(HeadLine),
-    Manifest(Manifest),
-    Bad(String),
-    Io(std::io::Error),
-}
-
-/// Lines per chunk, and parsing threads: the reading thread hands chunk k
-/// to parser k mod PARSERS, and the chunks come back in the same turn, so
-/// their order is the file's.
-const CHUNK: usize = 512;
-const PARSERS: usize = 2;
-
-fn parse_in_parallel<'s, I>(
-    scope: &'s std::thread::Scope<'s, '_>,
-    lines: I,
-) -> impl Iterator<Item = Vec<Parsed>> + 's
-where
-    I: Iterator<Item = std::io::Result<String>> + Send + 's,
-{
-    use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
-    let (mut work, mut done): (Vec<SyncSender<Vec<_>>>, Vec<Receiver<Vec<Parsed>>>) = (vec![], vec![]);
-    for _ in 0..PARSERS {
-        let (wtx, wrx) = sync_channel::<Vec<std::io::Result<String>>>(8);
-        let (dtx, drx) = sync_channel::<Vec<Parsed>>(8);
-        scope.spawn(move || {
-            for chunk in wrx {
-                if dtx.send(chunk.into_iter().map(parse).collect()).is_err() {
-                    return;
-                }
-            }
-        });
-        work.push(wtx);
-        done.push(drx);
-    }
-    scope.spawn(move || {
-        let mut chunk = Vec::with_capacity(CHUNK);
-        let mut turn = 0;
-        for l in lines {
-            chunk.push(l);
-            if chunk.len() == CHUNK {
-                if work[turn]
-                    .send(std::mem::replace(&mut chunk, Vec::with_capacity(CHUNK)))
-                    .is_err()
-                {
-                    return;
-                }
-                turn = (turn + 1) % PARSERS;
-            }
-        }
-        if !chunk.is_empty() {
-            let _ = work[turn].send(chunk);
-        }
-    });
-    // The parsers' outputs, taken in the turn the chunks were handed out;
-    // the first parser to run dry ends the segment.
-    let mut turn = 0;
-    std::iter::from_fn(move || {
-        let next = done[turn].recv().ok();
-        turn = (turn + 1) % PARSERS;
-        next
-    })
-}
-
-/// Parses one line: the costly part (JSON, the stored hash, the upcast),
-/// run off the auditing thread.
-fn parse(l: std::io::Result<String>) -> Parsed {
-    let l = match l {
-        Ok(l) => l,
-        Err(e) => return Parsed::Io(e),
-    };
-    if l.starts_with("{\"kind\":\"event\"") {
-        let mut e = match serde_json::from_str::<EventLine>(&l) {
-            Ok(e) => e,
-            Err(err) => return Parsed::Bad(format!("unreadable event line: {err}")),
-        };
-        e.event.position = e.position;
-        let row = e.event;
-        let hash_ok = row.stored_hash() == row.hash;
-        let checkpoint = checkpoint_of(&row);
-        let seen = Seen {
-            label: e.index,
-            position: row.position,
-            job_id: row.job_id,
-            version: row.version,
-            hash: row.hash.clone(),
-            prev_hash: row.prev_hash.clone(),
-            hash_ok,
-            checkpoint,
-            event: None,
-        };
-        let event = (row.job_id != LOG_STREAM).then(|| row.into_event().map_err(|e| e.to_string()));
-        return Parsed::Event(Box::new(Seen { event, ..seen }));
-    }
-    if l.starts_with("{\"kind\":\"head\"") {
-        return serde_json::from_str(&l)
-            .map_or_else(|e| Parsed::Bad(format!("unreadable head: {e}")), Parsed::Head);
-    }
-    if l.starts_with("{\"kind\":\"manifest\"") {
-        return serde_json::from_str(&l).map_or_else(
-            |e| Parsed::Bad(format!("unreadable manifest: {e}")),
-            Parsed::Manifest,
-        );
-    }
-    Parsed::Bad("a line of unknown kind".into())
-}
-
 struct Track {
     version: i64,
     hash: String,
@@ -177,7 +55,34 @@ struct Track {
     /// Versions that arrived before their predecessor (log order is by
     /// transaction, docs/log-reader.md): `version -> (index, event)`.
     early: BTreeMap<i64, (u64, Box<Seen>)>,
+    /// For a job first met past its version 1 behind a trusted prefix: the
+    /// lowest version met and its link, so a predecessor that comes later in
+    /// log order is linked backwards.
+    first: Option<(i64, Option<String>)>,
 }
+
+/// What one segment showed, for its manifest and head lines.
+#[derive(Default)]
+struct SegmentSeen {
+    /// Each job's highest version in the segment and its hash.
+    heads: HashMap<Uuid, (i64, String)>,
+    head_lines: HashSet<Uuid>,
+    events: u64,
+    first_position: Option<i64>,
+    last_position: Option<i64>,
+    schemas: BTreeSet<i16>,
+    manifests: u32,
+}
+
+/// A head the auditor holds from outside the files (the topic, a proof).
+struct Held {
+    origin: String,
+    checkpoint: Checkpoint,
+}
+
+/// The largest leaf index a header may claim (far beyond any real log; it
+/// keeps the tree's arithmetic from overflowing on a forged header).
+const MAX_LEAVES: u64 = 1 << 48;
 
 pub struct Auditor<'a> {
     pubkey: Option<VerifyingKey>,
@@ -185,6 +90,11 @@ pub struct Auditor<'a> {
     frontier: Option<Frontier>,
     log_id: Option<Uuid>,
     jobs: HashMap<Uuid, Track>,
+    /// Tree sizes whose root to keep (announced by headers, held heads), and
+    /// the roots kept, across segments.
+    wanted: HashSet<u64>,
+    roots: HashMap<u64, Hash>,
+    held: Vec<Held>,
     file: String,
     on_finding: Box<dyn FnMut(&Finding) + 'a>,
 }
@@ -197,9 +107,29 @@ impl<'a> Auditor<'a> {
             frontier: None,
             log_id: None,
             jobs: HashMap::new(),
+            wanted: HashSet::new(),
+            roots: HashMap::new(),
+            held: vec![],
             file: String::new(),
             on_finding: Box::new(on_finding),
         }
+    }
+
+    /// A signed head the auditor already holds (read from the topic, or a
+    /// proof): the log must still have it, whatever the files' own heads
+    /// say. Its signature is checked now (with the public key, if given).
+    pub fn hold(&mut self, origin: &str, checkpoint: Checkpoint) {
+        if let Some(key) = &self.pubkey {
+            if let Err(e) = checkpoint.verify(key) {
+                self.file = origin.into();
+                self.find(None, None, None, format!("the head you hold: {e}"));
+            }
+        }
+        self.wanted.insert(checkpoint.head.tree_size);
+        self.held.push(Held {
+            origin: origin.into(),
+            checkpoint,
+        });
     }
 
     fn find(&mut self, index: Option<u64>, position: Option<i64>, job_id: Option<Uuid>, detail: String) {
@@ -226,24 +156,38 @@ impl<'a> Auditor<'a> {
             .map_err(|e| io(path, e))?;
         let header: Header = serde_json::from_str(&first)
             .map_err(|e| AuditError::BadInput(format!("{}: not a segment header: {e}", self.file)))?;
-        let mut wanted: HashSet<u64> = self.begin(&header).into_iter().collect();
-        let mut roots: HashMap<u64, Hash> = HashMap::new();
-        let mut seen: HashMap<Uuid, (i64, String)> = HashMap::new();
+        if header.from_index > MAX_LEAVES || header.checkpoint_sizes.iter().any(|s| *s > MAX_LEAVES) {
+            return Err(AuditError::BadInput(format!(
+                "{}: the header names leaves no log has",
+                self.file
+            )));
+        }
+        self.begin(&header);
+        let mut seg = SegmentSeen::default();
         let mut manifest = None;
         // Lines are parsed and hashed on other threads, in chunks, and come
         // back in order; this one chains, replays and builds the tree.
         std::thread::scope(|scope| -> AuditResult<()> {
-            let results = parse_in_parallel(scope, lines);
-            for parsed in results.flatten() {
+            for parsed in parse_in_parallel(scope, lines).flatten() {
                 match parsed {
-                    Parsed::Event(e) => self.event(e, &mut wanted, &mut roots, &mut seen),
+                    Parsed::Event(e) => self.event(e, &mut seg),
                     Parsed::Head(h) => {
-                        if seen.get(&h.job_id) != Some(&(h.version, h.hash.clone())) {
-                            let d = format!("manifest head v{} {} is not the segment's", h.version, h.hash);
+                        if !seg.head_lines.insert(h.job_id) {
+                            self.find(
+                                None,
+                                None,
+                                Some(h.job_id),
+                                "a second head line for the job".into(),
+                            );
+                        } else if seg.heads.get(&h.job_id) != Some(&(h.version, h.hash.clone())) {
+                            let d = format!("the head line v{} {} is not the segment's", h.version, h.hash);
                             self.find(None, None, Some(h.job_id), d);
                         }
                     }
-                    Parsed::Manifest(m) => manifest = Some(m),
+                    Parsed::Manifest(m) => {
+                        seg.manifests += 1;
+                        manifest = Some(m);
+                    }
                     Parsed::Bad(d) => {
                         let at = self.frontier.as_ref().map(Frontier::size);
                         self.find(at, None, None, d);
@@ -254,7 +198,7 @@ impl<'a> Auditor<'a> {
             Ok(())
         })?;
         match manifest {
-            Some(m) => self.end(&m, &seen),
+            Some(m) => self.end(&m, &header, &seg),
             None => self.find(
                 None,
                 None,
@@ -268,7 +212,7 @@ impl<'a> Auditor<'a> {
 
     /// Starts a segment: continuity with the previous one, or the trusted
     /// prefix of a first segment that does not start at leaf 0.
-    fn begin(&mut self, h: &Header) -> Vec<u64> {
+    fn begin(&mut self, h: &Header) {
         if h.format != FORMAT {
             self.find(
                 None,
@@ -277,79 +221,69 @@ impl<'a> Auditor<'a> {
                 format!("export format {} (this build reads {FORMAT})", h.format),
             );
         }
-        if self.log_id.is_some_and(|id| id != h.log_id) {
+        if let Some(id) = self.log_id.filter(|id| *id != h.log_id) {
             self.find(
                 None,
                 None,
                 None,
-                format!(
-                    "segment of log {}, not of {}",
-                    h.log_id,
-                    self.log_id.unwrap_or_default()
-                ),
+                format!("segment of log {}, not of {id}", h.log_id),
             );
         }
         self.log_id = Some(h.log_id);
+        self.wanted.extend(h.checkpoint_sizes.iter().copied());
         let peaks: Option<Vec<Hash>> = h
             .prefix_peaks
             .iter()
             .map(|p| hex::decode(p).ok().and_then(|b| b.try_into().ok()))
             .collect();
+        let at = Some(h.from_index);
         match &self.frontier {
-            Some(f) => {
-                if f.size() != h.from_index {
-                    self.find(
-                        Some(h.from_index),
-                        None,
-                        None,
-                        format!(
-                            "starts at leaf {}, the previous segment ended at {}",
-                            h.from_index,
-                            f.size()
-                        ),
-                    );
-                } else if peaks.as_deref() != Some(&f.peaks()[..]) {
-                    self.find(
-                        Some(h.from_index),
-                        None,
-                        None,
-                        "its prefix is not the tree the previous segment built".into(),
-                    );
-                }
+            Some(f) if f.size() != h.from_index => {
+                let d = format!(
+                    "starts at leaf {}, the previous segment ended at {}",
+                    h.from_index,
+                    f.size()
+                );
+                self.find(at, None, None, d);
             }
+            Some(f) if peaks.as_deref() != Some(&f.peaks()[..]) => {
+                self.find(
+                    at,
+                    None,
+                    None,
+                    "its prefix is not the tree the previous segment built".into(),
+                );
+            }
+            Some(_) => {}
             None => {
                 self.report.from_index = Some(h.from_index);
                 self.report.trusted_prefix = h.from_index > 0;
                 let f = peaks.and_then(|p| Frontier::from_peaks(h.from_index, p));
                 if f.is_none() {
-                    self.find(
-                        Some(h.from_index),
-                        None,
-                        None,
-                        "its prefix peaks do not make a tree".into(),
-                    );
+                    self.find(at, None, None, "its prefix peaks do not make a tree".into());
                 }
-                self.frontier = Some(f.unwrap_or_default());
+                let f = f.unwrap_or_default();
+                if f.size() > 0 {
+                    self.roots.insert(f.size(), f.root());
+                }
+                self.frontier = Some(f);
             }
         }
-        h.checkpoint_sizes.clone()
     }
 
-    fn event(
-        &mut self,
-        e: Box<Seen>,
-        wanted: &mut HashSet<u64>,
-        roots: &mut HashMap<u64, Hash>,
-        seen: &mut HashMap<Uuid, (i64, String)>,
-    ) {
+    fn event(&mut self, e: Box<Seen>, seg: &mut SegmentSeen) {
         let f = self.frontier.as_mut().expect("begun");
         let index = f.size();
         f.push(event_leaf(e.position, &e.hash));
-        if wanted.remove(&f.size()) {
-            roots.insert(f.size(), f.root());
+        if self.wanted.remove(&f.size()) {
+            self.roots.insert(f.size(), f.root());
         }
         self.report.events += 1;
         self.report.end_index = f.size();
+        seg.events += 1;
+        seg.first_position.get_or_insert(e.position);
+        seg.last_position = Some(e.position);
+        seg.schemas.insert(e.schema);
         let (pos, job) = (Some(e.position), Some(e.job_id));
         if e.label != index {
             self.find(Some(index), pos, job, format!("is labelled leaf {}", e.label));
@@ -358,25 +292,49 @@ impl<'a> Auditor<'a> {
             let d = format!("hash mismatch: the event's content does not hash to {}", e.hash);
             self.find(Some(index), pos, job, d);
         }
-        seen.insert(e.job_id, (e.version, e.hash.clone()));
-        if let Some(cp) = &e.checkpoint {
-            self.checkpoint(index, &e, cp, roots);
+        let head = seg.heads.entry(e.job_id).or_insert((e.version, e.hash.clone()));
+        if e.version > head.0 {
+            *head = (e.version, e.hash.clone());
+        }
+        match (&e.checkpoint, e.job_id == LOG_STREAM) {
+            (Some(cp), _) => self.checkpoint(index, &e, cp),
+            (None, true) => self.find(
+                Some(index),
+                pos,
+                job,
+                format!("checkpoint v{} is unreadable", e.version),
+            ),
+            (None, false) => {}
         }
         self.link(index, e);
     }
 
-    fn checkpoint(
-        &mut self,
-        index: u64,
-        e: &Seen,
-        cp: &crate::domain::checkpoint::Checkpoint,
-        roots: &HashMap<u64, Hash>,
-    ) {
+    /// The root the files give at `size`, held against a signed one.
+    fn signed_root(&mut self, size: u64, root: &str) -> Result<(), String> {
+        let end = self.frontier.as_ref().map_or(0, Frontier::size);
+        match self.roots.get(&size) {
+            Some(r) if hex::encode(r) == root => Ok(()),
+            Some(r) => Err(format!(
+                "signed root {root} over {size} leaves; the log's is {}: an event before leaf {size} was \
+                 changed, removed or added",
+                hex::encode(r)
+            )),
+            None if self.report.trusted_prefix && size < self.report.from_index.unwrap_or(0) => Ok(()),
+            None if size > end => Err(format!("signs {size} leaves; the log here has {end}")),
+            None => Err(format!("signs {size} leaves, a size no header announced")),
+        }
+    }
+
+    fn checkpoint(&mut self, index: u64, e: &Seen, cp: &Checkpoint) {
         let (pos, job, v) = (Some(e.position), Some(e.job_id), e.version);
         self.report.checkpoints_checked += 1;
         if let Some(key) = &self.pubkey {
-            if let Err(err) = cp.verify(key) {
-                self.find(Some(index), pos, job, format!("checkpoint v{v}: {err}"));
+            match cp.verify(key) {
+                Ok(()) => {
+                    let s = self.report.signed_through.unwrap_or(0).max(cp.head.tree_size);
+                    self.report.signed_through = Some(s);
+                }
+                Err(err) => self.find(Some(index), pos, job, format!("checkpoint v{v}: {err}")),
             }
         }
         if self.log_id.is_some_and(|id| id != cp.head.log_id) {
@@ -387,19 +345,9 @@ impl<'a> Auditor<'a> {
                 format!("checkpoint v{v} signs log {}", cp.head.log_id),
             );
         }
-        let size = cp.head.tree_size;
-        let detail = match roots.get(&size) {
-            Some(r) if hex::encode(r) == cp.head.root => return,
-            Some(r) => format!(
-                "checkpoint v{v} signed root {} over {size} leaves; the log's is {}: \
-                 an event before leaf {size} was changed, removed or added",
-                cp.head.root,
-                hex::encode(r)
-            ),
-            None if self.report.trusted_prefix && size <= self.report.from_index.unwrap_or(0) => return,
-            None => format!("checkpoint v{v} signs {size} leaves, a size the header did not announce"),
-        };
-        self.find(Some(index), pos, job, detail);
+        if let Err(d) = self.signed_root(cp.head.tree_size, &cp.head.root) {
+            self.find(Some(index), pos, job, format!("checkpoint v{v} {d}"));
+        }
     }
 
     /// Chains and replays one event of a job, in version order.
@@ -416,6 +364,7 @@ impl<'a> Auditor<'a> {
                     hash: String::new(),
                     job: None,
                     early,
+                    first: None,
                 };
                 self.jobs.insert(id, t);
             }
@@ -426,6 +375,16 @@ impl<'a> Auditor<'a> {
             return;
         }
         if e.version <= t.version {
+            // Behind a trusted prefix, a job's earlier version may come after
+            // a later one in log order: it must link to the lowest one met.
+            if let Some((v, link)) = t.first.clone().filter(|(v, _)| e.version + 1 == *v) {
+                t.first = Some((e.version, e.prev_hash.clone()));
+                if link.as_deref() != Some(e.hash.as_str()) {
+                    let d = format!("version {} does not link to version {v}", e.version);
+                    self.find(Some(index), Some(e.position), Some(id), d);
+                }
+                return;
+            }
             let detail = format!("version {} again (the chain is at {})", e.version, t.version);
             self.find(Some(index), Some(e.position), Some(id), detail);
             return;
@@ -447,11 +406,13 @@ impl<'a> Auditor<'a> {
             Some(ev) if e.version == 1 => self.replay(index, None, &e, ev),
             _ => None,
         };
+        let first = (e.version > 1).then(|| (e.version, e.prev_hash.clone()));
         let t = Track {
             version: e.version,
             hash: e.hash,
             job,
             early: BTreeMap::new(),
+            first,
         };
         self.jobs.insert(id, t);
     }
@@ -511,41 +472,61 @@ impl<'a> Auditor<'a> {
         }
     }
 
-    fn end(&mut self, m: &Manifest, seen: &HashMap<Uuid, (i64, String)>) {
+    /// The manifest and the head lines against what the segment held.
+    fn end(&mut self, m: &Manifest, h: &Header, seg: &SegmentSeen) {
         let f = self.frontier.as_ref().expect("begun");
         let (size, root) = (f.size(), hex::encode(f.root()));
-        if m.end_index != size {
-            self.find(
-                Some(size),
-                None,
-                None,
-                format!("the manifest says the segment ends at leaf {}", m.end_index),
-            );
-        }
-        if m.root != root {
-            self.find(
-                Some(size),
-                None,
-                None,
-                format!("the manifest's root {} is not the log's {root}", m.root),
-            );
-        }
-        if m.jobs != seen.len() as u64 {
-            self.find(
-                None,
-                None,
-                None,
+        let schemas: Vec<i16> = seg.schemas.iter().copied().collect();
+        let checks = [
+            (seg.manifests == 1, format!("{} manifests", seg.manifests)),
+            (
+                m.format == FORMAT && m.log_id == h.log_id,
+                "its format or log is not the header's".into(),
+            ),
+            (
+                m.from_index == h.from_index,
+                format!("it says the segment starts at leaf {}", m.from_index),
+            ),
+            (
+                m.end_index == size,
+                format!("it says the segment ends at leaf {}", m.end_index),
+            ),
+            (
+                m.events == seg.events,
+                format!("it counts {} events; the segment has {}", m.events, seg.events),
+            ),
+            (
+                (m.first_position, m.last_position) == (seg.first_position, seg.last_position),
+                "its first or last position is not the segment's".into(),
+            ),
+            (
+                m.schemas == schemas,
+                format!("it lists schemas {:?}; the events are {schemas:?}", m.schemas),
+            ),
+            (
+                m.root == root,
+                format!("its root {} is not the log's {root}", m.root),
+            ),
+            (
+                m.jobs == seg.heads.len() as u64 && seg.head_lines.len() == seg.heads.len(),
                 format!(
-                    "the manifest lists {} heads; the segment has {} jobs",
+                    "it counts {} jobs, with {} head lines; the segment has {} jobs",
                     m.jobs,
-                    seen.len()
+                    seg.head_lines.len(),
+                    seg.heads.len()
                 ),
-            );
+            ),
+        ];
+        for (ok, d) in checks {
+            if !ok {
+                self.find(Some(size), None, None, format!("manifest: {d}"));
+            }
         }
         self.report.root = root;
     }
 
-    /// Ends the audit: versions still waiting for a predecessor are gaps.
+    /// Ends the audit: versions still waiting for a predecessor are gaps;
+    /// the heads held from outside must be in the log.
     pub fn finish(mut self) -> AuditReport {
         let gaps: Vec<(Uuid, i64, u64, i64)> = self
             .jobs
@@ -560,95 +541,40 @@ impl<'a> Auditor<'a> {
                 format!("version {v} came without the versions before it"),
             );
         }
+        for h in std::mem::take(&mut self.held) {
+            self.file = h.origin;
+            if let Err(d) = self.signed_root(h.checkpoint.head.tree_size, &h.checkpoint.head.root) {
+                self.find(None, None, None, format!("the head you hold {d}"));
+            }
+        }
+        if self.pubkey.is_some() && self.report.signed_through.is_none() && self.report.segments > 0 {
+            self.find(
+                None,
+                None,
+                None,
+                "no head in the audited segments is signed by the key: nothing here is held to a signature \
+                 (pass the heads you hold with --head)"
+                    .into(),
+            );
+        }
         self.report
     }
 }
 
-/// Checks a proof file (`prove`'s output) offline against `pubkey`.
-pub fn audit_proof(path: &Path, pubkey: &VerifyingKey) -> AuditResult<Vec<String>> {
+/// Reads a signed head from a file: a checkpoint's data, a relayed
+/// checkpoint message's body, or a proof (its head).
+pub fn read_head(path: &Path) -> AuditResult<Checkpoint> {
     let text = std::fs::read_to_string(path).map_err(|e| io(path, e))?;
     let v: serde_json::Value =
         serde_json::from_str(&text).map_err(|e| AuditError::BadInput(format!("{}: {e}", path.display())))?;
-    let bad = |e: serde_json::Error| AuditError::BadInput(format!("{}: {e}", path.display()));
-    match v.get("proof").and_then(|p| p.as_str()) {
-        Some("inclusion") => Ok(inclusion(&serde_json::from_value(v).map_err(bad)?, pubkey)),
-        Some("consistency") => Ok(consistency(&serde_json::from_value(v).map_err(bad)?, pubkey)),
-        _ => Err(AuditError::BadInput(format!("{}: not a proof", path.display()))),
-    }
-}
-
-fn hashes(path: &[String]) -> Option<Vec<Hash>> {
-    path.iter()
-        .map(|h| hex::decode(h).ok()?.try_into().ok())
-        .collect()
-}
-
-fn inclusion(p: &InclusionProof, key: &VerifyingKey) -> Vec<String> {
-    let mut out = vec![];
-    let head = &p.head.checkpoint;
-    if let Err(e) = head.verify(key) {
-        out.push(format!("checkpoint v{}: {e}", p.head.version));
-    }
-    let Some(root) = head.head.root_bytes() else {
-        out.push("the head's root is not 32 bytes of hex".into());
-        return out;
-    };
-    let mut prev: Option<&EventRow> = None;
-    let events: Vec<(u64, &[String], EventRow)> = p
-        .events
-        .iter()
-        .map(|e| {
-            let mut r = e.event.clone();
-            r.position = e.position;
-            (e.leaf_index, e.path.as_slice(), r)
-        })
-        .collect();
-    for (leaf_index, path, r) in &events {
-        let at = format!("position {}", r.position);
-        if r.job_id != p.job_id {
-            out.push(format!("{at}: an event of job {}, not {}", r.job_id, p.job_id));
-        }
-        if r.stored_hash() != r.hash {
-            out.push(format!("{at}: hash mismatch"));
-        }
-        if let Some(q) = prev.filter(|q| q.version + 1 == r.version) {
-            if r.prev_hash.as_deref() != Some(q.hash.as_str()) {
-                out.push(format!("{at}: does not link to version {}", q.version));
-            }
-        }
-        let leaf = event_leaf(r.position, &r.hash);
-        let ok = hashes(path)
-            .is_some_and(|path| verify_inclusion(&leaf, *leaf_index, head.head.tree_size, &path, &root));
-        if !ok {
-            out.push(format!(
-                "{at}: not in the tree of {} leaves that checkpoint v{} signed",
-                head.head.tree_size, p.head.version
-            ));
-        }
-        prev = Some(r);
-    }
-    out
-}
-
-fn consistency(p: &ConsistencyProof, key: &VerifyingKey) -> Vec<String> {
-    let mut out = vec![];
-    for h in [&p.old, &p.new] {
-        if let Err(e) = h.checkpoint.verify(key) {
-            out.push(format!("checkpoint v{}: {e}", h.version));
-        }
-    }
-    let (old, new) = (&p.old.checkpoint.head, &p.new.checkpoint.head);
-    let ok = match (old.root_bytes(), new.root_bytes(), hashes(&p.path)) {
-        (Some(a), Some(b), Some(path)) => {
-            old.log_id == new.log_id && verify_consistency(old.tree_size, new.tree_size, &a, &b, &path)
-        }
-        _ => false,
-    };
-    if !ok {
-        out.push(format!(
-            "checkpoint v{} ({} leaves) is not shown to extend v{} ({} leaves)",
-            p.new.version, new.tree_size, p.old.version, old.tree_size
-        ));
-    }
-    out
+    let found = [
+        &v,
+        &v["data"],
+        &v["checkpoint"],
+        &v["head"]["checkpoint"],
+        &v["new"]["checkpoint"],
+    ]
+    .into_iter()
+    .find_map(Checkpoint::from_data);
+    found.ok_or_else(|| AuditError::BadInput(format!("{}: no signed head in it", path.display())))
 }

@@ -361,6 +361,9 @@ pub enum Cmd {
         /// Also check every signed checkpoint's signature with this public key.
         #[arg(long)]
         pubkey: Option<std::path::PathBuf>,
+        /// A signed head you hold from outside the database; the log must have it.
+        #[arg(long)]
+        head: Vec<std::path::PathBuf>,
     },
     /// Writes an ed25519 key pair for signed checkpoints (docs/audit.md).
     Keygen(super::audit::KeygenArgs),

@@ -9,7 +9,8 @@ use std::time::Duration;
 use super::output::{self, line, BadInput};
 use super::parse;
 use jobledger::audit::checkpointer::{CheckpointConfig, Checkpointer};
-use jobledger::audit::offline::{audit_proof, Auditor};
+use jobledger::audit::offline::Auditor;
+use jobledger::audit::proofcheck::audit_proof;
 use jobledger::audit::{keys, AuditError};
 use jobledger::ledger::Ledger;
 
@@ -65,12 +66,18 @@ pub struct AuditArgs {
     /// The public key that signs the checkpoints (required with --proof).
     #[arg(long)]
     pub pubkey: Option<PathBuf>,
+    /// A signed head you hold from outside these files (a relayed
+    /// checkpoint message, a proof): the log must still have it. Repeatable.
+    #[arg(long)]
+    pub head: Vec<PathBuf>,
 }
 
 /// What is a user's mistake (exit 2) and what is not.
 fn code(e: AuditError) -> anyhow::Error {
     match e {
         AuditError::BadInput(m) | AuditError::Key(m) | AuditError::Unanswerable(m) => BadInput(m).into(),
+        // A file the user named that cannot be read or written.
+        e @ AuditError::Io { .. } => BadInput(e.to_string()).into(),
         other => other.into(),
     }
 }
@@ -107,6 +114,10 @@ pub fn offline(keygen: Option<&KeygenArgs>, audit: Option<&AuditArgs>) -> Result
     }
     let progress = output::progress_bar(a.files.len() as u64, "segments");
     let mut auditor = Auditor::new(pubkey, |f| line(&json!({ "finding": f })));
+    for h in &a.head {
+        let cp = jobledger::audit::offline::read_head(h).map_err(code)?;
+        auditor.hold(&h.display().to_string(), cp);
+    }
     for f in &a.files {
         auditor.segment(f).map_err(code)?;
         progress.inc(1);

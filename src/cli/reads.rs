@@ -48,16 +48,29 @@ async fn basic(ledger: &Ledger, cli: &Cli) -> Result<i32> {
             loop {
                 let page = ledger.log_page(*from, *to, *job, after, 1000).await?;
                 let Some(last) = page.last() else { break };
-                after = last.position;
-                for h in &page {
-                    if *json {
-                        line(&serde_json::to_value(h)?);
-                    } else {
-                        println!(
-                            "{} {}",
-                            h.event.job_id,
-                            jobledger::ledger::timeline::event_line(h)
-                        );
+                after = last.position();
+                for entry in &page {
+                    match entry {
+                        _ if *json => {
+                            let mut v = serde_json::to_value(entry)?;
+                            if let jobledger::ledger::LogEntry::Log { position, .. } = entry {
+                                v["position"] = json!(position);
+                            }
+                            line(&v);
+                        }
+                        jobledger::ledger::LogEntry::Job(h) => {
+                            println!(
+                                "{} {}",
+                                h.event.job_id,
+                                jobledger::ledger::timeline::event_line(h)
+                            )
+                        }
+                        jobledger::ledger::LogEntry::Log { position, row } => println!(
+                            "{} #{position} checkpoint: tree of {} leaves signed, root {}",
+                            row.job_id,
+                            row.data["tree_size"],
+                            row.data["root"].as_str().unwrap_or("?")
+                        ),
                     }
                 }
             }
@@ -84,6 +97,7 @@ async fn verify(ledger: &Ledger, cli: &Cli) -> Result<i32> {
             audit_log,
             rebuilt,
             pubkey,
+            head,
         } => {
             if let Some(url) = audit_log {
                 return super::consume::verify_audit_log(ledger, url).await;
@@ -111,7 +125,12 @@ async fn verify(ledger: &Ledger, cli: &Cli) -> Result<i32> {
                 .map(jobledger::audit::keys::public_key)
                 .transpose()
                 .map_err(|e| super::output::BadInput(e.to_string()))?;
-            let report = ledger.verify_with(*job, key.as_ref()).await?;
+            let held = head
+                .iter()
+                .map(|h| jobledger::audit::offline::read_head(h))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| super::output::BadInput(e.to_string()))?;
+            let report = ledger.verify_with(*job, key.as_ref(), &held).await?;
             for p in &report.problems {
                 line(&json!({ "problem": p }));
             }

@@ -28,7 +28,7 @@ pub use engine::WriteResult;
 pub use enqueue::Enqueued;
 pub use error::{LedgerError, LedgerResult};
 pub use lease::Lease;
-pub use ops::{Found, HistoryEntry, Overview};
+pub use ops::{Found, HistoryEntry, LogEntry, Overview};
 pub use validate::Limits;
 pub use verify::{Problem, VerifyReport};
 pub use workflow::{Created as WorkflowCreated, StepView, WorkflowView};

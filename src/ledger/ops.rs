@@ -23,6 +23,28 @@ pub struct HistoryEntry {
     pub event: Event,
 }
 
+/// One event of the log in `replay-log`: a job's, or one of the log's own
+/// (a signed checkpoint, docs/audit.md), shown as stored.
+#[derive(Debug, Clone, Serialize)]
+#[serde(untagged)]
+pub enum LogEntry {
+    Job(HistoryEntry),
+    Log {
+        position: i64,
+        #[serde(flatten)]
+        row: crate::store::EventRow,
+    },
+}
+
+impl LogEntry {
+    pub fn position(&self) -> i64 {
+        match self {
+            LogEntry::Job(h) => h.position,
+            LogEntry::Log { position, .. } => *position,
+        }
+    }
+}
+
 /// What `show` finds: a live job or what is left of a purged one.
 #[derive(Debug, Clone)]
 pub enum Found {
@@ -322,6 +344,13 @@ impl Ledger {
 
     /// The job's events from the log (also for purged jobs).
     pub async fn history(&self, job_id: Uuid) -> LedgerResult<Vec<HistoryEntry>> {
+        if job_id == crate::domain::checkpoint::LOG_STREAM {
+            return Err(LedgerError::BadInput(
+                "the nil id is the log's own stream of signed checkpoints, not a job: \
+                 read it with `replay-log`, check it with `verify` (docs/audit.md)"
+                    .into(),
+            ));
+        }
         let rows = events::job_events(&self.pool, job_id).await?;
         if rows.is_empty() {
             return Err(LedgerError::NotFound(job_id));
@@ -383,14 +412,18 @@ impl Ledger {
         job: Option<Uuid>,
         after: i64,
         limit: i64,
-    ) -> LedgerResult<Vec<HistoryEntry>> {
+    ) -> LedgerResult<Vec<LogEntry>> {
         let rows = events::events_between(&self.pool, from, to, job, after, limit).await?;
-        rows.iter()
+        rows.into_iter()
             .map(|r| {
-                Ok(HistoryEntry {
-                    position: r.position,
-                    event: r.to_event()?,
-                })
+                let position = r.position;
+                if r.job_id == crate::domain::checkpoint::LOG_STREAM {
+                    return Ok(LogEntry::Log { position, row: r });
+                }
+                Ok(LogEntry::Job(HistoryEntry {
+                    position,
+                    event: r.into_event()?,
+                }))
             })
             .collect()
     }

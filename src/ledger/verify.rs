@@ -41,7 +41,7 @@ const PAGE_JOBS: i64 = 500;
 impl Ledger {
     /// Verifies one job, or every job when `job` is `None`.
     pub async fn verify(&self, job: Option<Uuid>) -> LedgerResult<VerifyReport> {
-        self.verify_with(job, None).await
+        self.verify_with(job, None, &[]).await
     }
 
     /// `verify`, and with `key` also every checkpoint's signature. The
@@ -50,12 +50,13 @@ impl Ledger {
         &self,
         job: Option<Uuid>,
         key: Option<&ed25519_dalek::VerifyingKey>,
+        held: &[crate::domain::checkpoint::Checkpoint],
     ) -> LedgerResult<VerifyReport> {
         let mut tx = self.pool.begin().await?;
         schema::snapshot_read_only(&mut tx).await?;
         let mut report = VerifyReport::default();
         if job.is_none() || job == Some(LOG_STREAM) {
-            let tree = crate::audit::check::check_tree(&mut tx, key)
+            let tree = crate::audit::check::check_tree(&mut tx, key, held)
                 .await
                 .map_err(|e| super::LedgerError::Store(crate::store::StoreError::Corrupt(e.to_string())))?;
             (report.leaves, report.checkpoints) = (tree.leaves, tree.checkpoints);

@@ -53,13 +53,19 @@ pub async fn leaves_after(
     .await?)
 }
 
-/// The roots of every stored block, in order (a block's number is its index).
+/// The roots of the stored blocks, in order. Blocks are numbered from 0
+/// without a hole; a hole (a deleted block) is an error, never read past.
 pub async fn block_roots<'e>(exec: impl PgExecutor<'e>) -> StoreResult<Vec<Vec<u8>>> {
-    Ok(
-        sqlx::query_scalar("SELECT root FROM jobledger.merkle_blocks ORDER BY block")
+    let rows: Vec<(i64, Vec<u8>)> =
+        sqlx::query_as("SELECT block, root FROM jobledger.merkle_blocks ORDER BY block")
             .fetch_all(exec)
-            .await?,
-    )
+            .await?;
+    if let Some((i, (b, _))) = rows.iter().enumerate().find(|(i, (b, _))| *b != *i as i64) {
+        return Err(super::StoreError::Corrupt(format!(
+            "the tree's block {i} is missing (the next stored is block {b})"
+        )));
+    }
+    Ok(rows.into_iter().map(|(_, r)| r).collect())
 }
 
 pub async fn block<'e>(exec: impl PgExecutor<'e>, block: i64) -> StoreResult<Option<BlockRow>> {

@@ -2,6 +2,7 @@
 //! move time by rewriting `lease_until` / `run_at` in the database.
 #![allow(dead_code)]
 
+pub mod auditkit;
 pub mod cli;
 pub mod counting;
 pub mod fixture;
