@@ -8,7 +8,38 @@ use super::StoreResult;
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 
 pub async fn migrate(pool: &PgPool) -> StoreResult<()> {
+    ensure_roles(pool).await?;
     MIGRATOR.run(pool).await?;
+    Ok(())
+}
+
+/// Creates the three cluster-wide roles before the migrations run. Roles are
+/// shared by every database of the cluster, so two databases migrated at
+/// once on a fresh cluster both pass the migration's `IF NOT EXISTS` and the
+/// second `CREATE ROLE` fails on the catalogue's unique index, failing that
+/// whole migration. Here each creation runs in its own subtransaction that
+/// takes losing that race as success. (The migration keeps its own guard:
+/// its text is checksummed by every database that applied it.) Nothing is
+/// attempted, and so no CREATEROLE privilege needed, when the roles exist.
+async fn ensure_roles(pool: &PgPool) -> StoreResult<()> {
+    sqlx::query(
+        r#"DO $$
+DECLARE r text;
+BEGIN
+    FOREACH r IN ARRAY ARRAY['jobledger_worker', 'jobledger_reader', 'jobledger_admin'] LOOP
+        IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = r) THEN
+            BEGIN
+                EXECUTE format('CREATE ROLE %I LOGIN', r);
+            EXCEPTION WHEN unique_violation OR duplicate_object THEN
+                NULL; -- created by a concurrent migration of another database
+            END;
+        END IF;
+    END LOOP;
+END
+$$"#,
+    )
+    .execute(pool)
+    .await?;
     Ok(())
 }
 
