@@ -70,7 +70,7 @@ async fn run(ledger: &Ledger, history_events: usize, w3_jobs: usize, dir: &std::
         "audit of the export, offline (hashes, replay, Merkle root, signed heads)",
         n,
         started,
-        json!({ "events_per_s": (n as f64 / started.elapsed().as_secs_f64()).round(), "jobs": audited.jobs }),
+        json!({ "events_per_s": (n as f64 / started.elapsed().as_secs_f64()).round(), "jobs_in_log": audited.jobs }),
     );
 
     prove_latency(ledger, &public, dir).await?;
