@@ -496,7 +496,8 @@ pub enum Cmd {
         jobs: usize,
         #[arg(long, default_value_t = 4)]
         workers: usize,
-        /// Kafka broker for the relay and the status-mirror consumer.
+        /// Kafka broker for the relay and the status-mirror consumer; when none
+        /// answers there, librdkafka's in-process mock cluster stands in.
         #[arg(long, default_value = "127.0.0.1:9092")]
         brokers: String,
     },

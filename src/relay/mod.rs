@@ -57,6 +57,10 @@ pub struct RelayConfig {
     pub lease: Duration,
     pub poll: Duration,
     pub message_timeout: Duration,
+    /// Create the topic through the admin API at each session's start. Off
+    /// for a broker that rejects the admin API and makes topics its own way
+    /// (the demo's in-process mock cluster).
+    pub create_topic: bool,
     pub hooks: RelayHooks,
 }
 
@@ -72,6 +76,7 @@ impl RelayConfig {
             lease: Duration::from_secs(15),
             poll: Duration::from_millis(500),
             message_timeout: Duration::from_secs(10),
+            create_topic: true,
             hooks: RelayHooks::default(),
         }
     }
@@ -153,7 +158,9 @@ impl Relay {
     }
 
     async fn session(&self, shutdown: &CancellationToken) -> Result<(), RelayError> {
-        self.ensure_topic().await?;
+        if self.cfg.create_topic {
+            self.ensure_topic().await?;
+        }
         let producer = producer(&self.cfg)?;
         self.counters.producers_built.fetch_add(1, Ordering::Relaxed);
         let reader = LogReader::open(self.ledger.pool().clone(), &self.cfg.reader).await?;

@@ -15,6 +15,7 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use crate::tools::fake_provider::{FakeProvider, ProviderError};
+use crate::tools::mock_broker::{self, MockBroker};
 use crate::tools::private_pg::PrivateCluster;
 use jobledger::domain::{JobState, NewJob, NextAction, Policy};
 use jobledger::ledger::{Found, Ledger};
@@ -55,7 +56,7 @@ pub async fn run(url: &str, jobs: usize, workers: usize, brokers: &str) -> Resul
         provider: Arc::new(FakeProvider::new()),
         queue,
     });
-    let kafka = start_kafka(&demo, &url, brokers).await;
+    let kafka = start_kafka(&demo, &url, brokers, jobs).await;
     let keys = enqueue_all(&demo, jobs).await?;
 
     let (cancel_tx, cancel_rx) = mpsc::channel::<CancelRequest>(16);
@@ -111,6 +112,11 @@ pub async fn run(url: &str, jobs: usize, workers: usize, brokers: &str) -> Resul
 }
 
 struct Kafka {
+    /// Which broker: the one at `--brokers`, or the in-process mock cluster
+    /// (kept alive here until the relay and the consumer stopped).
+    broker: String,
+    mock: Option<Arc<MockBroker>>,
+    faults: Option<tokio::task::JoinHandle<Vec<String>>>,
     stop: CancellationToken,
     relay: tokio::task::JoinHandle<()>,
     published: Arc<jobledger::relay::RelayCounters>,
@@ -122,30 +128,58 @@ struct Kafka {
 /// What the Kafka side showed: events published, the consumer's counts, and
 /// whether the status mirror ended equal to the ledger.
 struct KafkaReport {
+    broker: String,
+    faults: Vec<String>,
+    relay_restarts: u64,
     published: u64,
     consumer: serde_json::Value,
     mirror_equal: bool,
 }
 
-/// Starts the relay and a status-mirror consumer, if a broker answers.
-async fn start_kafka(demo: &Arc<Demo>, url: &str, brokers: &str) -> Option<Kafka> {
+/// Starts the relay and a status-mirror consumer: against the broker at
+/// `brokers` when one answers, else against librdkafka's in-process mock
+/// cluster (so a first run needs no broker build), with a leader move and
+/// a broker down during the relay's run.
+async fn start_kafka(demo: &Arc<Demo>, url: &str, brokers: &str, jobs: usize) -> Option<Kafka> {
     use jobledger::relay::{Relay, RelayConfig};
     let topic = format!("jobledger.{}", demo.queue);
-    let mut cfg = RelayConfig::new(brokers, &topic);
-    cfg.partitions = 4;
+    let partitions = 4;
+    let (mock, bootstrap, broker) = if mock_broker::answers(brokers, Duration::from_secs(3)).await {
+        (None, brokers.to_string(), format!("Kafka at {brokers}"))
+    } else {
+        eprintln!("demo: no Kafka broker answers at {brokers}; using librdkafka's in-process mock cluster ({} brokers, replication {})", mock_broker::BROKERS, mock_broker::BROKERS);
+        let mock = match MockBroker::start() {
+            Ok(m) => Arc::new(m),
+            Err(e) => {
+                eprintln!("demo: no mock cluster either ({e}); skipping the relay and the consumer");
+                return None;
+            }
+        };
+        if let Err(e) = mock.create_topic(&topic, partitions).await {
+            eprintln!("demo: the mock cluster refused the topic ({e}); skipping the relay and the consumer");
+            return None;
+        }
+        let b = mock.bootstrap.clone();
+        let name = format!("in-process mock cluster ({} brokers at {b})", mock_broker::BROKERS);
+        (Some(mock), b, name)
+    };
+    let mut cfg = RelayConfig::new(&bootstrap, &topic);
+    cfg.partitions = partitions;
     cfg.poll = Duration::from_millis(100);
+    cfg.create_topic = mock.is_none();
     // This run's topic gets this run's events, not the database's history.
     let reader = jobledger::reader::LogReader::open(demo.ledger.pool().clone(), &cfg.reader)
         .await
         .ok()?;
     reader.skip_to_end().await.ok()?;
     let relay = Relay::new(demo.ledger.clone(), cfg);
-    if tokio::time::timeout(Duration::from_secs(5), relay.ensure_topic())
-        .await
-        .map(|r| r.is_ok())
-        != Ok(true)
+    if mock.is_none()
+        && tokio::time::timeout(Duration::from_secs(5), relay.ensure_topic())
+            .await
+            .map(|r| r.is_ok())
+            != Ok(true)
     {
-        eprintln!("demo: no Kafka broker answers at {brokers} (scripts/kafka-up starts one); skipping the relay and the consumer");
+        eprintln!("demo: the broker at {brokers} would not make the topic; skipping the relay and the consumer");
         return None;
     }
     let mirror_url = {
@@ -165,9 +199,9 @@ async fn start_kafka(demo: &Arc<Demo>, url: &str, brokers: &str) -> Option<Kafka
         .await
         .ok()?;
     let ccfg = jobledger_consumers::ConsumerConfig {
-        brokers: brokers.into(),
+        brokers: bootstrap.clone(),
         group: format!("demo-{}", demo.queue),
-        topic,
+        topic: topic.clone(),
     };
     let consumer = jobledger_consumers::FencedConsumer::new(ccfg, mirror.clone())
         .await
@@ -187,8 +221,16 @@ async fn start_kafka(demo: &Arc<Demo>, url: &str, brokers: &str) -> Option<Kafka
             eprintln!("demo: consumer stopped: {e}");
         }
     });
-    eprintln!("demo: relaying to {brokers}, mirroring job states into {mirror_url}");
+    let faults = mock.as_ref().map(|m| {
+        let ends = (jobs as u64, 2 * jobs as u64);
+        let f = mock_broker::faults(m.clone(), topic.clone(), partitions, published.clone(), ends, stop.clone());
+        tokio::spawn(f)
+    });
+    eprintln!("demo: relaying to the {broker}, mirroring job states into {mirror_url}");
     Some(Kafka {
+        broker,
+        mock,
+        faults,
         stop,
         relay,
         published,
@@ -216,9 +258,17 @@ async fn finish_kafka(demo: &Arc<Demo>, k: Kafka) -> Result<KafkaReport> {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     k.stop.cancel();
+    let faults = match k.faults {
+        Some(f) => f.await.unwrap_or_default(),
+        None => vec![],
+    };
     let _ = k.relay.await;
     let _ = k.consumer.await;
+    drop(k.mock);
     Ok(KafkaReport {
+        broker: k.broker,
+        faults,
+        relay_restarts: k.published.failures.load(std::sync::atomic::Ordering::Relaxed),
         published: k.published.published.load(std::sync::atomic::Ordering::Relaxed),
         consumer: k.counters.snapshot(),
         mirror_equal,
@@ -464,7 +514,14 @@ async fn summary(
         problems.len()
     );
     if let Some(k) = &kafka {
-        eprintln!("  events published to Kafka  {}", k.published);
+        eprintln!("  broker                     {}", k.broker);
+        for f in &k.faults {
+            eprintln!("  broker fault               {f}");
+        }
+        eprintln!(
+            "  events published to Kafka  {} (relay sessions restarted: {})",
+            k.published, k.relay_restarts
+        );
         eprintln!(
             "  status-mirror consumer     {} (mirror equals the ledger: {})",
             k.consumer, k.mirror_equal
@@ -493,7 +550,7 @@ async fn summary(
             "takeovers": takeovers, "stale_rejected": lost, "duplicate_refunds": duplicates,
             "provider_calls": calls, "provider_lookups": lookups, "verified_events": verified,
             "problems": problems.len(), "seconds": started.elapsed().as_secs_f64(),
-            "kafka": kafka.as_ref().map(|k| json!({ "published": k.published, "consumer": k.consumer, "mirror_equal": k.mirror_equal })),
+            "kafka": kafka.as_ref().map(|k| json!({ "broker": k.broker, "faults": k.faults, "relay_restarts": k.relay_restarts, "published": k.published, "consumer": k.consumer, "mirror_equal": k.mirror_equal })),
         })
     );
     eprintln!(

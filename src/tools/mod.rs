@@ -11,5 +11,6 @@ pub mod bench_workflows;
 pub mod chaos;
 pub mod demo;
 pub mod fake_provider;
+pub mod mock_broker;
 pub mod output;
 pub mod private_pg;
