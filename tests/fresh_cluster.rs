@@ -12,7 +12,26 @@ use std::time::Duration;
 use jobledger::ledger::Ledger;
 use sqlx::{Connection, PgConnection};
 
-const BIN: &str = "/usr/lib/postgresql/15/bin";
+/// The newest installed PostgreSQL's binaries (Debian's layout).
+fn bin() -> String {
+    let mut versions: Vec<u32> = std::fs::read_dir("/usr/lib/postgresql")
+        .expect("PostgreSQL's binaries under /usr/lib/postgresql (scripts/pg-up installs them)")
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .collect();
+    versions.sort();
+    format!(
+        "/usr/lib/postgresql/{}/bin",
+        versions.last().expect("a PostgreSQL version")
+    )
+}
+
+fn is_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .map(|o| o.stdout == b"0\n")
+        .unwrap_or(false)
+}
 
 struct Cluster {
     dir: PathBuf,
@@ -46,16 +65,23 @@ fn run(mut c: Command) {
 }
 
 impl Cluster {
+    /// Made as an owner first, so a failure half-way still stops and removes it.
     fn start() -> Cluster {
-        let dir = std::env::temp_dir().join(format!("jl-cluster-{}", uuid::Uuid::new_v4().simple()));
+        // Under /tmp whatever TMPDIR says: the socket path must stay short.
+        let id = uuid::Uuid::new_v4().simple().to_string();
+        let mut cluster = Cluster {
+            dir: PathBuf::from(format!("/tmp/jl-cluster-{}", &id[..12])),
+            port: 0,
+        };
+        let dir = cluster.dir.clone();
         std::fs::create_dir(&dir).unwrap();
-        run({
+        if is_root() {
             let mut c = Command::new("chown");
             c.args(["postgres:postgres", dir.to_str().unwrap()]);
-            c
-        });
+            run(c);
+        }
         let data = dir.join("data");
-        let initdb = format!("{BIN}/initdb");
+        let initdb = format!("{}/initdb", bin());
         run(as_postgres(
             &initdb,
             &[
@@ -68,16 +94,17 @@ impl Cluster {
                 "UTF8",
             ],
         ));
-        let port = TcpListener::bind("127.0.0.1:0")
+        cluster.port = TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
             .unwrap()
             .port();
         let opts = format!(
-            "-p {port} -k {} -c listen_addresses=127.0.0.1 -c fsync=off",
+            "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=off",
+            cluster.port,
             dir.display()
         );
-        let pg_ctl = format!("{BIN}/pg_ctl");
+        let pg_ctl = format!("{}/pg_ctl", bin());
         let log = dir.join("log");
         run(as_postgres(
             &pg_ctl,
@@ -92,7 +119,7 @@ impl Cluster {
                 "start",
             ],
         ));
-        Cluster { dir, port }
+        cluster
     }
 
     fn url(&self, db: &str) -> String {
@@ -103,7 +130,7 @@ impl Cluster {
 impl Drop for Cluster {
     fn drop(&mut self) {
         let data = self.dir.join("data");
-        let pg_ctl = format!("{BIN}/pg_ctl");
+        let pg_ctl = format!("{}/pg_ctl", bin());
         let _ = as_postgres(
             &pg_ctl,
             &["-D", data.to_str().unwrap(), "-m", "immediate", "stop"],
@@ -132,7 +159,12 @@ async fn two_databases_migrating_at_once_on_a_fresh_cluster_both_succeed() {
 
     // Gate: wait until our migration is blocked behind the other's role.
     let mut probe = PgConnection::connect(&cluster.url("postgres")).await.unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
     loop {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "our migration never queued behind the other's role"
+        );
         let blocked: bool = sqlx::query_scalar(
             "SELECT EXISTS (SELECT 1 FROM pg_stat_activity \
              WHERE datname = 'jl_race' AND wait_event_type = 'Lock')",

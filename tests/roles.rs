@@ -356,3 +356,28 @@ async fn a_row_update_moves_the_version_by_exactly_one() {
     );
     assert_eq!(db.job(job.job_id).await.version, 1);
 }
+
+/// `jobledger migrate` as a role that may not apply the migrations is an
+/// error. (Other commands skip migrating as such a role, by design; migrate
+/// used to share that path and printed `"migrated": true` over an empty
+/// database.)
+#[tokio::test]
+async fn migrate_as_a_role_that_may_not_is_an_error() {
+    let name = format!("jlt_{}", uuid::Uuid::new_v4().simple());
+    let mut admin = sqlx::PgConnection::connect(&format!("{}/postgres", common::server_url()))
+        .await
+        .unwrap();
+    sqlx::query(&format!("CREATE DATABASE {name}"))
+        .execute(&mut admin)
+        .await
+        .unwrap();
+    let url = format!("{}/{name}", common::server_url());
+    let run = common::cli::jl(&as_role(&url, "jobledger_reader"), &["migrate"]);
+    assert_ne!(run.code, 0, "{} / {}", run.stdout, run.stderr);
+    assert!(run.stderr.contains("applying migrations"), "{}", run.stderr);
+    assert!(run.stderr.contains("permission denied"), "{}", run.stderr);
+    assert!(!run.stdout.contains("\"migrated\":true"), "{}", run.stdout);
+    // The owner then migrates it.
+    let run = common::cli::jl(&url, &["migrate"]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+}

@@ -65,7 +65,14 @@ pub async fn run(cli: Cli) -> Result<i32> {
         )
         .await
         .with_context(|| format!("cannot reach the database at {}", redact(&cli.database_url)))?;
-        connect(&cli).await?;
+        // Unlike every other command, `migrate` is asked to apply them: a
+        // role that may not is an error here, not something to skip.
+        Ledger::connect(&cli.database_url, 4)
+            .await
+            .with_context(|| format!("cannot reach the database at {}", redact(&cli.database_url)))?
+            .migrate()
+            .await
+            .context("applying migrations")?;
         line(&json!({ "migrated": true, "database_created": created }));
         return Ok(output::OK);
     }

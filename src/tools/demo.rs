@@ -32,7 +32,14 @@ struct Demo {
     queue: String,
 }
 
+/// Every scripted case (failures, refusals, slow jobs, cancels, the
+/// double-click enqueue of job 10) shows up at least once from here on.
+const MIN_JOBS: usize = 30;
+
 pub async fn run(url: &str, jobs: usize, workers: usize, brokers: &str) -> Result<i32> {
+    if jobs < MIN_JOBS || workers == 0 {
+        bail!("the demo needs --jobs {MIN_JOBS} or more and --workers 1 or more (got {jobs} and {workers})");
+    }
     let started = Instant::now();
     // Keep the private cluster (if any) alive until the end of the demo.
     let server_answers =
@@ -56,7 +63,12 @@ pub async fn run(url: &str, jobs: usize, workers: usize, brokers: &str) -> Resul
         provider: Arc::new(FakeProvider::new()),
         queue,
     });
-    let kafka = start_kafka(&demo, &url, brokers, jobs).await;
+    // With the mock cluster to fall back on, the Kafka side always runs:
+    // when it cannot start, the demo says why and does not pass.
+    let kafka = start_kafka(&demo, &url, brokers, jobs)
+        .await
+        .inspect_err(|why| eprintln!("demo: no relay and no consumer: {why}"))
+        .ok();
     let keys = enqueue_all(&demo, jobs).await?;
 
     let (cancel_tx, cancel_rx) = mpsc::channel::<CancelRequest>(16);
@@ -136,11 +148,20 @@ struct KafkaReport {
     mirror_equal: bool,
 }
 
+impl KafkaReport {
+    /// Every event of the run reached the consumer and was applied (the
+    /// mirror keeps only each job's last version, so its equality alone
+    /// would not show a lost intermediate event).
+    fn reached(&self, events: u64) -> bool {
+        self.consumer["applied"].as_u64().is_some_and(|a| a >= events)
+    }
+}
+
 /// Starts the relay and a status-mirror consumer: against the broker at
 /// `brokers` when one answers, else against librdkafka's in-process mock
 /// cluster (so a first run needs no broker build), with a leader move and
 /// a broker down during the relay's run.
-async fn start_kafka(demo: &Arc<Demo>, url: &str, brokers: &str, jobs: usize) -> Option<Kafka> {
+async fn start_kafka(demo: &Arc<Demo>, url: &str, brokers: &str, jobs: usize) -> Result<Kafka, String> {
     use jobledger::relay::{Relay, RelayConfig};
     let topic = format!("jobledger.{}", demo.queue);
     let partitions = 4;
@@ -150,17 +171,16 @@ async fn start_kafka(demo: &Arc<Demo>, url: &str, brokers: &str, jobs: usize) ->
         eprintln!("demo: no Kafka broker answers at {brokers}; using librdkafka's in-process mock cluster ({} brokers, replication {})", mock_broker::BROKERS, mock_broker::BROKERS);
         let mock = match MockBroker::start() {
             Ok(m) => Arc::new(m),
-            Err(e) => {
-                eprintln!("demo: no mock cluster either ({e}); skipping the relay and the consumer");
-                return None;
-            }
+            Err(e) => return Err(format!("no broker at {brokers} and no mock cluster either: {e}")),
         };
-        if let Err(e) = mock.create_topic(&topic, partitions).await {
-            eprintln!("demo: the mock cluster refused the topic ({e}); skipping the relay and the consumer");
-            return None;
-        }
+        mock.create_topic(&topic, partitions)
+            .await
+            .map_err(|e| format!("the mock cluster refused the topic: {e}"))?;
         let b = mock.bootstrap.clone();
-        let name = format!("in-process mock cluster ({} brokers at {b})", mock_broker::BROKERS);
+        let name = format!(
+            "in-process mock cluster ({} brokers at {b})",
+            mock_broker::BROKERS
+        );
         (Some(mock), b, name)
     };
     let mut cfg = RelayConfig::new(&bootstrap, &topic);
@@ -170,8 +190,11 @@ async fn start_kafka(demo: &Arc<Demo>, url: &str, brokers: &str, jobs: usize) ->
     // This run's topic gets this run's events, not the database's history.
     let reader = jobledger::reader::LogReader::open(demo.ledger.pool().clone(), &cfg.reader)
         .await
-        .ok()?;
-    reader.skip_to_end().await.ok()?;
+        .map_err(|e| format!("the relay's log reader: {e}"))?;
+    reader
+        .skip_to_end()
+        .await
+        .map_err(|e| format!("the relay's log reader: {e}"))?;
     let relay = Relay::new(demo.ledger.clone(), cfg);
     if mock.is_none()
         && tokio::time::timeout(Duration::from_secs(5), relay.ensure_topic())
@@ -179,25 +202,26 @@ async fn start_kafka(demo: &Arc<Demo>, url: &str, brokers: &str, jobs: usize) ->
             .map(|r| r.is_ok())
             != Ok(true)
     {
-        eprintln!("demo: the broker at {brokers} would not make the topic; skipping the relay and the consumer");
-        return None;
+        return Err(format!(
+            "the broker at {brokers} would not make the topic {topic}"
+        ));
     }
     let mirror_url = {
-        let mut u = url::Url::parse(url).ok()?;
+        let mut u = url::Url::parse(url).map_err(|e| format!("the database URL: {e}"))?;
         let db = u.path().trim_start_matches('/').to_string();
         u.set_path(&format!("/{db}_mirror"));
         u.to_string()
     };
-    jobledger::store::schema::create_database_if_missing(
-        &jobledger::ledger::connect_options(&mirror_url).ok()?,
-    )
-    .await
-    .ok()?;
+    let mirror_opts =
+        jobledger::ledger::connect_options(&mirror_url).map_err(|e| format!("the mirror's URL: {e}"))?;
+    jobledger::store::schema::create_database_if_missing(&mirror_opts)
+        .await
+        .map_err(|e| format!("the mirror database {mirror_url}: {e}"))?;
     let mirror = sqlx::postgres::PgPoolOptions::new()
         .max_connections(4)
         .connect(&mirror_url)
         .await
-        .ok()?;
+        .map_err(|e| format!("the mirror database {mirror_url}: {e}"))?;
     let ccfg = jobledger_consumers::ConsumerConfig {
         brokers: bootstrap.clone(),
         group: format!("demo-{}", demo.queue),
@@ -205,7 +229,7 @@ async fn start_kafka(demo: &Arc<Demo>, url: &str, brokers: &str, jobs: usize) ->
     };
     let consumer = jobledger_consumers::FencedConsumer::new(ccfg, mirror.clone())
         .await
-        .ok()?;
+        .map_err(|e| format!("the status-mirror consumer: {e}"))?;
     let stop = CancellationToken::new();
     let published = relay.counters();
     let counters = consumer.counters();
@@ -223,11 +247,18 @@ async fn start_kafka(demo: &Arc<Demo>, url: &str, brokers: &str, jobs: usize) ->
     });
     let faults = mock.as_ref().map(|m| {
         let ends = (jobs as u64, 2 * jobs as u64);
-        let f = mock_broker::faults(m.clone(), topic.clone(), partitions, published.clone(), ends, stop.clone());
+        let f = mock_broker::faults(
+            m.clone(),
+            topic.clone(),
+            partitions,
+            published.clone(),
+            ends,
+            stop.clone(),
+        );
         tokio::spawn(f)
     });
     eprintln!("demo: relaying to the {broker}, mirroring job states into {mirror_url}");
-    Some(Kafka {
+    Ok(Kafka {
         broker,
         mock,
         faults,
@@ -513,6 +544,9 @@ async fn summary(
         "  events verified            {verified} (hash chains + replay), problems: {}",
         problems.len()
     );
+    if kafka.is_none() {
+        eprintln!("  kafka                      not run (the reason is above): the demo does not pass");
+    }
     if let Some(k) = &kafka {
         eprintln!("  broker                     {}", k.broker);
         for f in &k.faults {
@@ -523,8 +557,10 @@ async fn summary(
             k.published, k.relay_restarts
         );
         eprintln!(
-            "  status-mirror consumer     {} (mirror equals the ledger: {})",
-            k.consumer, k.mirror_equal
+            "  status-mirror consumer     {} (every event applied: {}, mirror equals the ledger: {})",
+            k.consumer,
+            k.reached(verified),
+            k.mirror_equal
         );
     }
     if let Some(id) = stalled.first() {
@@ -538,7 +574,9 @@ async fn summary(
         && takeovers >= stalled.len() as i64
         && zombie.lost_leases >= stalled.len() as u64
         && problems.is_empty()
-        && kafka.as_ref().is_none_or(|k| k.mirror_equal)
+        && kafka
+            .as_ref()
+            .is_some_and(|k| k.mirror_equal && k.reached(verified))
         && counts
             .iter()
             .all(|(s, _)| JobState::parse(s).is_some_and(|s| s.is_terminal()));

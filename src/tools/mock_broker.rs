@@ -39,10 +39,12 @@ pub struct MockBroker {
     pub bootstrap: String,
 }
 
-/// Whether a Kafka broker answers a metadata request at `brokers`.
+/// Whether a Kafka broker answers a metadata request at `brokers`. The
+/// outer timeout bounds the client's teardown too, which waits on a name
+/// lookup that never answers (the thread is left to finish on its own).
 pub async fn answers(brokers: &str, within: Duration) -> bool {
     let brokers = brokers.to_string();
-    tokio::task::spawn_blocking(move || {
+    let probe = tokio::task::spawn_blocking(move || {
         let Ok(p) = ClientConfig::new()
             .set("bootstrap.servers", &brokers)
             .set("log_level", "0")
@@ -51,9 +53,11 @@ pub async fn answers(brokers: &str, within: Duration) -> bool {
             return false;
         };
         p.client().fetch_metadata(None, within).is_ok()
-    })
-    .await
-    .unwrap_or(false)
+    });
+    matches!(
+        tokio::time::timeout(within + Duration::from_millis(500), probe).await,
+        Ok(Ok(true))
+    )
 }
 
 impl MockBroker {
@@ -93,7 +97,9 @@ impl MockBroker {
 
     async fn order(&self, order: Order) -> Result<(), String> {
         let (tx, rx) = oneshot::channel();
-        self.orders.send((order, tx)).map_err(|_| "the mock cluster is gone".to_string())?;
+        self.orders
+            .send((order, tx))
+            .map_err(|_| "the mock cluster is gone".to_string())?;
         rx.await.map_err(|_| "the mock cluster is gone".to_string())?
     }
 
@@ -152,13 +158,19 @@ pub async fn faults(
     let Some(at) = published(&counters, first, &stop).await else {
         return done;
     };
+    eprintln!("demo: moving every partition's leader to broker 2");
     match mock.move_leaders(&topic, partitions, 2).await {
-        Ok(()) => done.push(format!("leaders of all {partitions} partitions moved to broker 2 at {at} events out")),
+        Ok(()) => done.push(format!(
+            "leaders of all {partitions} partitions moved to broker 2 at {at} events out"
+        )),
         Err(e) => done.push(format!("leader move failed: {e}")),
     }
     let Some(at) = published(&counters, second, &stop).await else {
         return done;
     };
+    eprintln!(
+        "demo: taking broker 2 down (the relay and the consumer log connection errors until it is back)"
+    );
     let down = Instant::now();
     if let Err(e) = mock.order(Order::Down(2)).await {
         done.push(format!("broker 2 down failed: {e}"));
