@@ -149,7 +149,7 @@ async fn a_job_through_the_cli_with_every_exit_code() {
         (show["state"].as_str(), show["result"]["refund_id"].as_str()),
         (Some("succeeded"), Some("re_1"))
     );
-    let history = jl(url, &["history", &job]);
+    let history = jl(url, &["history", &job, "--text"]);
     assert_eq!(history.code, 0);
     assert!(
         history.stdout.contains("claimed") && history.stdout.contains("REFUSED fail stale"),

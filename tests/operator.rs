@@ -420,7 +420,7 @@ async fn the_cli_resolves_and_annotates() {
         ],
     );
     assert_eq!(note.code, 0, "{} {}", note.stdout, note.stderr);
-    let history = jl(&db.url, &["history", &id_s]);
+    let history = jl(&db.url, &["history", &id_s, "--text"]);
     assert!(
         history.stdout.contains("corrected at position") && history.stdout.contains("key was mistyped"),
         "{}",

@@ -70,7 +70,7 @@ async fn the_cli_creates_shows_and_refuses() {
     // history PARENT: the parent's edges and its steps', in time.
     finish_next(&db, "render", true).await;
     let parent = c["workflow_id"].as_str().unwrap();
-    let h = jl(&db.url, &["history", parent]);
+    let h = jl(&db.url, &["history", parent, "--text"]);
     assert_eq!(h.code, 0, "{}", h.stderr);
     let at = |needle: &str| {
         h.stdout

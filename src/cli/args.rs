@@ -274,16 +274,20 @@ pub enum Cmd {
         #[arg(long, value_parser = parse::duration)]
         older_than: std::time::Duration,
     },
-    /// Show a job's current state.
-    Show { job: Uuid },
-    /// A job's timeline from the log.
+    /// Show a job's current state (text on a terminal, else JSON).
+    Show {
+        job: Uuid,
+        #[command(flatten)]
+        format: super::human::Format,
+    },
+    /// A job's timeline from the log (text on a terminal, else JSON lines).
     History {
         job: Uuid,
-        #[arg(long)]
-        json: bool,
+        #[command(flatten)]
+        format: super::human::Format,
         /// The story in plain words, with each event's delivery state (as
         /// the console's job page tells it).
-        #[arg(long, conflicts_with = "json")]
+        #[arg(long, conflicts_with_all = ["json", "text"])]
         story: bool,
     },
     /// The HTTP API (`/v1`, bearer tokens; docs/http.md) until SIGTERM.
@@ -417,8 +421,11 @@ pub enum Cmd {
         )]
         consumer_database_url: String,
     },
-    /// Counts of jobs by state.
-    Stats,
+    /// Counts of jobs by state, and the log readers' lag.
+    Stats {
+        #[command(flatten)]
+        format: super::human::Format,
+    },
     /// Run a worker that executes a shell command per job (payload on stdin,
     /// JOBLEDGER_* environment variables; exit 0 success with stdout as the
     /// result, 75 transient, anything else permanent).

@@ -1,6 +1,7 @@
 pub mod args;
 pub mod audit;
 pub mod consume;
+pub mod human;
 pub mod output;
 pub mod parse;
 pub mod projections;

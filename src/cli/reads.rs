@@ -4,20 +4,26 @@ use anyhow::Result;
 use serde_json::json;
 
 use super::args::{Cli, Cmd};
+use super::human::{self, Render};
 use super::output::{self, line};
 use jobledger::ledger::{Found, Ledger};
 
 /// `show`, `history`, `replay-log`, `stats`.
 async fn basic(ledger: &Ledger, cli: &Cli) -> Result<i32> {
     match &cli.command {
-        Cmd::Show { job } => {
-            match ledger.show(*job).await? {
-                Found::Live(j) => line(&super::workflow::shown(ledger, &j).await?),
-                Found::Purged(t) => line(&output::tombstone_json(&t)),
+        Cmd::Show { job, format } => {
+            let v = match ledger.show(*job).await? {
+                Found::Live(j) => super::workflow::shown(ledger, &j).await?,
+                Found::Purged(t) => output::tombstone_json(&t),
+            };
+            match format.render() {
+                Render::Json => line(&v),
+                r => human::fields(r.colour(), &v).iter().for_each(|l| println!("{l}")),
             }
             Ok(output::OK)
         }
-        Cmd::History { job, json, story } => {
+        Cmd::History { job, format, story } => {
+            let render = format.render();
             if *story {
                 for l in jobledger::ledger::timeline::story(ledger, *job).await? {
                     let at = jobledger::domain::digest::fmt_time(l.at);
@@ -32,13 +38,13 @@ async fn basic(ledger: &Ledger, cli: &Cli) -> Result<i32> {
                         println!("{:27}  ↳ corrected: {c}", "");
                     }
                 }
-            } else if *json {
+            } else if render == Render::Json {
                 for v in jobledger::ledger::timeline::json_lines(ledger, *job).await? {
                     line(&v);
                 }
             } else {
                 for l in jobledger::ledger::timeline::lines(ledger, *job).await? {
-                    println!("{l}");
+                    println!("{}", human::history_line(render.colour(), &l));
                 }
             }
             Ok(output::OK)
@@ -76,12 +82,29 @@ async fn basic(ledger: &Ledger, cli: &Cli) -> Result<i32> {
             }
             Ok(output::OK)
         }
-        Cmd::Stats => {
-            for (state, n) in ledger.counts_by_state().await? {
-                line(&json!({ "state": state, "jobs": n }));
-            }
-            for v in readers_json(ledger).await? {
-                line(&v);
+        Cmd::Stats { format } => {
+            let states: Vec<_> = ledger
+                .counts_by_state()
+                .await?
+                .into_iter()
+                .map(|(state, n)| json!({ "state": state, "jobs": n }))
+                .collect();
+            let readers = readers_json(ledger).await?;
+            match format.render() {
+                Render::Json => states.iter().chain(&readers).for_each(line),
+                r => {
+                    let columns = [
+                        "reader",
+                        "checkpoint",
+                        "lag_events",
+                        "lag_seconds",
+                        "horizon_held_by",
+                    ];
+                    let mut out = human::table(r.colour(), &["state", "jobs"], &states);
+                    out.push(String::new());
+                    out.extend(human::table(r.colour(), &columns, &readers));
+                    out.iter().for_each(|l| println!("{l}"));
+                }
             }
             Ok(output::OK)
         }

@@ -125,9 +125,11 @@ pub async fn run(cli: Cli) -> Result<i32> {
         | Cmd::Sweep
         | Cmd::Purge { .. } => operator_writes(&ledger, &cli).await,
         Cmd::Workflow { action } => super::workflow::run(&ledger, action, cli.max_payload_bytes).await,
-        Cmd::Show { .. } | Cmd::History { .. } | Cmd::ReplayLog { .. } | Cmd::Stats | Cmd::Verify { .. } => {
-            super::reads::run(&ledger, &cli).await
-        }
+        Cmd::Show { .. }
+        | Cmd::History { .. }
+        | Cmd::ReplayLog { .. }
+        | Cmd::Stats { .. }
+        | Cmd::Verify { .. } => super::reads::run(&ledger, &cli).await,
         Cmd::Token { action } => tokens(&ledger, action).await,
         Cmd::Queue { action } => super::queues::run(&ledger, action).await,
         Cmd::Schedule { action } => super::schedules::run(&ledger, action).await,

@@ -1,0 +1,212 @@
+//! Text for people: where the CLI's reads print aligned, coloured text on a
+//! terminal and JSON lines when piped (or with `--json`; `--text` forces
+//! text into a pipe). Colour only on a terminal, and never with `NO_COLOR`
+//! set (https://no-color.org). The JSON stays the contract for scripts; this
+//! is rendering only, so everything here takes what the JSON would say.
+
+use std::io::IsTerminal;
+
+use anstyle::{AnsiColor, Style};
+use serde_json::Value;
+
+/// `--json` / `--text` of the reads that render for people.
+#[derive(clap::Args, Debug, Clone, Copy)]
+pub struct Format {
+    /// JSON lines even on a terminal.
+    #[arg(long)]
+    pub json: bool,
+    /// Text even into a pipe.
+    #[arg(long, conflicts_with = "json")]
+    pub text: bool,
+}
+
+impl Format {
+    pub fn render(self) -> Render {
+        Render::choose(self.json, self.text)
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Render {
+    Json,
+    Text { colour: bool },
+}
+
+impl Render {
+    /// `--json` wins, then `--text`, then whether stdout is a terminal.
+    pub fn choose(json: bool, text: bool) -> Render {
+        let tty = std::io::stdout().is_terminal();
+        if json || !(text || tty) {
+            return Render::Json;
+        }
+        let no_color = std::env::var_os("NO_COLOR").is_some_and(|v| !v.is_empty());
+        Render::Text {
+            colour: tty && !no_color,
+        }
+    }
+
+    pub fn colour(self) -> bool {
+        matches!(self, Render::Text { colour: true })
+    }
+}
+
+fn paint(on: bool, style: Style, s: &str) -> String {
+    if on {
+        format!("{style}{s}{style:#}")
+    } else {
+        s.to_string()
+    }
+}
+
+/// A state's colour: done green, failed-for-good red, stopped yellow,
+/// in flight cyan, waiting plain.
+fn state_style(state: &str) -> Style {
+    let c = match state {
+        "succeeded" => AnsiColor::Green,
+        "dead" | "failed" => AnsiColor::Red,
+        "cancelled" | "cancel_requested" | "held" => AnsiColor::Yellow,
+        "leased" | "running" | "awaiting_receipt" => AnsiColor::Cyan,
+        _ => return Style::new(),
+    };
+    Style::new().fg_color(Some(c.into()))
+}
+
+pub fn state(on: bool, s: &str) -> String {
+    paint(on, state_style(s).bold(), s)
+}
+
+fn dim(on: bool, s: &str) -> String {
+    paint(on, Style::new().dimmed(), s)
+}
+
+/// One `history` line: the target state after `->` coloured, refusals red.
+pub fn history_line(on: bool, l: &str) -> String {
+    if !on {
+        return l.to_string();
+    }
+    if let Some(at) = l.find(" REFUSED ") {
+        let red = Style::new().fg_color(Some(AnsiColor::Red.into()));
+        return format!("{}{}", &l[..at], paint(true, red, &l[at..]));
+    }
+    let Some(arrow) = l.find(" -> ") else {
+        return l.to_string();
+    };
+    let rest = &l[arrow + 4..];
+    let word_end = rest.find(' ').unwrap_or(rest.len());
+    let word = &rest[..word_end];
+    format!("{} -> {}{}", &l[..arrow], state(true, word), &rest[word_end..])
+}
+
+/// A JSON object as aligned `key  value` lines: scalars as they read,
+/// nested values as compact JSON, nulls left out.
+pub fn fields(on: bool, v: &Value) -> Vec<String> {
+    let Some(o) = v.as_object() else {
+        return vec![v.to_string()];
+    };
+    let width = o.keys().map(|k| k.len()).max().unwrap_or(0);
+    // Who and where first, then what happened, then the rest A to Z.
+    const FIRST: [&str; 8] = [
+        "job_id",
+        "queue",
+        "kind",
+        "key",
+        "state",
+        "reason",
+        "waiting_because",
+        "version",
+    ];
+    let rank = |k: &str| FIRST.iter().position(|f| *f == k).unwrap_or(FIRST.len());
+    let mut entries: Vec<_> = o.iter().collect();
+    entries.sort_by_key(|(k, _)| rank(k));
+    entries
+        .into_iter()
+        .filter(|(_, v)| !v.is_null())
+        .map(|(k, v)| {
+            let shown = match v {
+                Value::String(s) if k == "state" => state(on, s),
+                Value::String(s) => s.clone(),
+                Value::Array(a) if a.iter().all(Value::is_object) && !a.is_empty() => a
+                    .iter()
+                    .map(|x| x.to_string())
+                    .collect::<Vec<_>>()
+                    .join(&format!("\n{:width$}  ", "")),
+                other => other.to_string(),
+            };
+            format!("{}  {shown}", dim(on, &format!("{k:<width$}")))
+        })
+        .collect()
+}
+
+/// Rows of JSON objects as a table with the given columns (header dimmed).
+pub fn table(on: bool, columns: &[&str], rows: &[Value]) -> Vec<String> {
+    let cell = |r: &Value, c: &str| match &r[c] {
+        Value::Null => "-".to_string(),
+        Value::String(s) => s.clone(),
+        v => v.to_string(),
+    };
+    let widths: Vec<usize> = columns
+        .iter()
+        .map(|c| {
+            rows.iter()
+                .map(|r| cell(r, c).chars().count())
+                .chain([c.len()])
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let mut out = vec![];
+    let header: Vec<String> = columns
+        .iter()
+        .zip(&widths)
+        .map(|(c, w)| format!("{c:<w$}"))
+        .collect();
+    out.push(dim(on, header.join("  ").trim_end()));
+    for r in rows {
+        let cells: Vec<String> = columns
+            .iter()
+            .zip(&widths)
+            .map(|(c, w)| {
+                let text = cell(r, c);
+                let pad = " ".repeat(w.saturating_sub(text.chars().count()));
+                // Numbers right-aligned, words left; a state coloured.
+                match &r[*c] {
+                    Value::Number(_) => format!("{pad}{text}"),
+                    Value::String(s) if *c == "state" => format!("{}{pad}", state(on, s)),
+                    _ => format!("{text}{pad}"),
+                }
+            })
+            .collect();
+        out.push(cells.join("  ").trim_end().to_string());
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn plain_text_has_no_escapes_and_aligns() {
+        let rows = [
+            json!({"state": "succeeded", "jobs": 12}),
+            json!({"state": "dead", "jobs": 3}),
+        ];
+        let t = table(false, &["state", "jobs"], &rows);
+        assert_eq!(t, ["state      jobs", "succeeded    12", "dead          3"]);
+        let f = fields(false, &json!({"job_id": "x", "state": "dead", "result": null}));
+        assert_eq!(f, ["job_id  x", "state   dead"]);
+        let f = fields(false, &json!({"attempt": 1, "state": "dead", "job_id": "x"}));
+        assert_eq!(f, ["job_id   x", "state    dead", "attempt  1"]);
+    }
+
+    #[test]
+    fn colour_marks_the_state_only() {
+        let l = "      3 v2   2026-12-02T22:09:56Z  claimed   queued -> leased   claimed";
+        let c = history_line(true, l);
+        assert!(c.contains("\u{1b}[") && c.starts_with("      3 v2"), "{c:?}");
+        assert_eq!(history_line(false, l), l);
+        let r = history_line(true, "      -   REFUSED heartbeat stale");
+        assert!(r.contains("\u{1b}[31m"), "{r:?}");
+    }
+}
