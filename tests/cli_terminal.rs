@@ -98,3 +98,38 @@ async fn reads_render_for_people_on_a_terminal_and_json_into_a_pipe() {
         .iter()
         .any(|v| v["state"] == "succeeded"));
 }
+
+/// Long operations show a bar with an ETA on a terminal and say nothing on
+/// a piped stderr. 20,000 events keep the export and the audit busy for
+/// many of the bar's 100 ms ticks even in a debug build.
+#[tokio::test]
+async fn export_and_audit_show_progress_on_a_terminal_only() {
+    let db = fresh().await;
+    for chunk in 0..20 {
+        let jobs: Vec<_> = (0..1000)
+            .map(|i| new_job("q", Some(&format!("k{chunk}-{i}")), json!({ "i": i })))
+            .collect();
+        db.ledger.enqueue_many_as(jobs, "test").await.unwrap();
+    }
+    let dir = std::env::temp_dir().join(format!("jl-progress-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (tty_file, pipe_file) = (dir.join("tty.zst"), dir.join("pipe.zst"));
+
+    let shown = on_terminal(&db.url, &["export", "--out", tty_file.to_str().unwrap()], true);
+    assert!(shown.contains("/20,000 events, ETA "), "{shown:?}");
+    let shown = on_terminal(&db.url, &["audit", tty_file.to_str().unwrap()], true);
+    assert!(
+        shown.contains(" read, ETA ") || shown.contains("read, "),
+        "{shown:?}"
+    );
+    assert!(shown.contains("\"ok\":true"), "{shown:?}");
+
+    let piped = jl(&db.url, &["export", "--out", pipe_file.to_str().unwrap()]);
+    assert_eq!(piped.code, 0, "{}", piped.stderr);
+    assert_eq!(piped.stderr, "", "nothing but the result when piped");
+    let piped = jl(&db.url, &["audit", pipe_file.to_str().unwrap()]);
+    assert_eq!(piped.code, 0, "{}", piped.stderr);
+    assert_eq!(piped.stderr, "");
+    assert_eq!(piped.json()["ok"], true);
+    let _ = std::fs::remove_dir_all(&dir);
+}

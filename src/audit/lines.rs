@@ -133,3 +133,19 @@ fn parse(l: std::io::Result<String>) -> Parsed {
     }
     Parsed::Bad("a line of unknown kind".into())
 }
+
+/// A reader that adds the bytes it reads to a progress counter.
+pub(super) struct Counted<R> {
+    pub inner: R,
+    pub progress: std::sync::Arc<super::Progress>,
+}
+
+impl<R: std::io::Read> std::io::Read for Counted<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.progress
+            .done
+            .fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
+        Ok(n)
+    }
+}

@@ -13,8 +13,20 @@ pub mod proofcheck;
 pub mod prove;
 pub mod tree;
 
+use std::sync::atomic::AtomicU64;
+
 use crate::ledger::LedgerError;
 use crate::store::StoreError;
+
+/// How far a long operation (an export, an audit) is, for a progress bar
+/// another thread draws: `total` once known (0 until then), `done` as it
+/// goes, in the operation's unit (events for an export, compressed bytes
+/// read for an audit).
+#[derive(Debug, Default)]
+pub struct Progress {
+    pub total: AtomicU64,
+    pub done: AtomicU64,
+}
 
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]

@@ -97,6 +97,8 @@ pub struct Auditor<'a> {
     held: Vec<Held>,
     file: String,
     on_finding: Box<dyn FnMut(&Finding) + 'a>,
+    /// Compressed bytes read, for a progress bar (`progress()`).
+    progress: std::sync::Arc<super::Progress>,
 }
 
 impl<'a> Auditor<'a> {
@@ -112,7 +114,14 @@ impl<'a> Auditor<'a> {
             held: vec![],
             file: String::new(),
             on_finding: Box::new(on_finding),
+            progress: Default::default(),
         }
+    }
+
+    /// The compressed bytes this auditor has read (`done`), for a bar whose
+    /// `total` the caller sets from the files' sizes.
+    pub fn progress(&self) -> std::sync::Arc<super::Progress> {
+        self.progress.clone()
     }
 
     /// A signed head the auditor already holds (read from the topic, or a
@@ -148,6 +157,10 @@ impl<'a> Auditor<'a> {
     pub fn segment(&mut self, path: &Path) -> AuditResult<()> {
         self.file = path.display().to_string();
         let file = std::fs::File::open(path).map_err(|e| io(path, e))?;
+        let file = super::lines::Counted {
+            inner: file,
+            progress: self.progress.clone(),
+        };
         let reader = zstd::stream::read::Decoder::new(file).map_err(|e| io(path, e))?;
         let mut lines = std::io::BufReader::with_capacity(1 << 20, reader).lines();
         let first = lines

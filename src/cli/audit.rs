@@ -112,17 +112,24 @@ pub fn offline(keygen: Option<&KeygenArgs>, audit: Option<&AuditArgs>) -> Result
     if a.files.is_empty() {
         return Err(BadInput("name the exported segments to audit, or --proof FILE".into()).into());
     }
-    let progress = output::progress_bar(a.files.len() as u64, "segments");
     let mut auditor = Auditor::new(pubkey, |f| line(&json!({ "finding": f })));
+    let progress = auditor.progress();
+    let size: u64 = a
+        .files
+        .iter()
+        .filter_map(|f| std::fs::metadata(f).ok())
+        .map(|m| m.len())
+        .sum();
+    progress.total.store(size, std::sync::atomic::Ordering::Relaxed);
+    let ticker = output::Ticker::start(progress, "bytes", true);
     for h in &a.head {
         let cp = jobledger::audit::offline::read_head(h).map_err(code)?;
         auditor.hold(&h.display().to_string(), cp);
     }
     for f in &a.files {
         auditor.segment(f).map_err(code)?;
-        progress.inc(1);
     }
-    progress.finish_and_clear();
+    drop(ticker);
     let report = auditor.finish();
     let ok = report.findings == 0;
     line(&json!({ "ok": ok, "report": report }));
@@ -150,7 +157,14 @@ pub async fn checkpoint(ledger: &Ledger, a: &CheckpointArgs, once: bool) -> Resu
 }
 
 pub async fn export(ledger: &Ledger, a: &ExportArgs) -> Result<i32> {
-    let done = ledger.export(a.from, a.to, &a.out).await.map_err(code)?;
+    let progress = std::sync::Arc::new(jobledger::audit::Progress::default());
+    let ticker = output::Ticker::start(progress.clone(), "events", false);
+    let done = ledger
+        .export_tracked(a.from, a.to, &a.out, &progress)
+        .await
+        .map_err(code);
+    drop(ticker);
+    let done = done?;
     line(&json!(done));
     Ok(output::OK)
 }

@@ -214,9 +214,64 @@ impl From<&Job> for JobSummary {
 pub fn progress_bar(len: u64, unit: &str) -> indicatif::ProgressBar {
     indicatif::ProgressBar::new(len).with_style(
         indicatif::ProgressStyle::with_template(&format!(
-            "[{{bar:40}}] {{pos}}/{{len}} {unit}, {{per_sec}}, ETA {{eta}}"
+            "[{{bar:40}}] {{human_pos}}/{{human_len}} {unit}, ETA {{eta}}"
         ))
         .expect("template")
         .progress_chars("=> "),
     )
+}
+
+/// Draws a `Progress` that the operation advances (from any thread), with
+/// rate and ETA, until dropped; nothing at all when stderr is not a
+/// terminal. `bytes`: the unit is bytes (an audit reads compressed files).
+pub struct Ticker {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Ticker {
+    pub fn start(progress: std::sync::Arc<jobledger::audit::Progress>, unit: &str, bytes: bool) -> Ticker {
+        use std::sync::atomic::Ordering::Relaxed;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let bar = progress_bar(0, unit);
+        if bytes {
+            bar.set_style(
+                indicatif::ProgressStyle::with_template(
+                    "[{bar:40}] {bytes}/{total_bytes} read, {bytes_per_sec}, ETA {eta}",
+                )
+                .expect("template")
+                .progress_chars("=> "),
+            );
+        }
+        if bar.is_hidden() {
+            return Ticker { stop, thread: None };
+        }
+        // Not drawn until the total is known (an empty bar reads as done).
+        bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
+        let halt = stop.clone();
+        let thread = std::thread::spawn(move || {
+            while !halt.load(Relaxed) {
+                if bar.is_hidden() && progress.total.load(Relaxed) > 0 {
+                    bar.set_draw_target(indicatif::ProgressDrawTarget::stderr());
+                }
+                bar.set_length(progress.total.load(Relaxed));
+                bar.set_position(progress.done.load(Relaxed));
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            }
+            bar.finish_and_clear();
+        });
+        Ticker {
+            stop,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for Ticker {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
 }

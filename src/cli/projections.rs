@@ -55,7 +55,7 @@ pub async fn run(ledger: &Ledger, action: &str, name: Option<&str>) -> Result<i3
                 .unwrap_or_default();
             let total = reader.lag(from).await?.events.max(1) as u64;
             let bar = ProgressBar::new(total).with_style(
-                ProgressStyle::with_template("{msg} [{bar:40}] {pos}/{len} events, {per_sec}, ETA {eta}")
+                ProgressStyle::with_template("{msg} [{bar:40}] {human_pos}/{human_len} events, ETA {eta}")
                     .expect("template")
                     .progress_chars("=> "),
             );

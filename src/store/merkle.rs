@@ -186,6 +186,18 @@ pub async fn log_end<'e>(exec: impl PgExecutor<'e>) -> StoreResult<Option<(i64, 
     .await?)
 }
 
+/// How many events are at or before `(txid, position)` in log order: the
+/// size of the tree an export started now covers (for its progress).
+pub async fn leaves_through<'e>(exec: impl PgExecutor<'e>, end: (i64, i64)) -> StoreResult<i64> {
+    Ok(sqlx::query_scalar(
+        "SELECT count(*) FROM jobledger.events WHERE (txid, position) <= ($1::text::xid8, $2)",
+    )
+    .bind(end.0.to_string())
+    .bind(end.1)
+    .fetch_one(exec)
+    .await?)
+}
+
 /// Each job's last `(job_id, version, hash)` among the events after `from`
 /// up to `to` in log order, by job id, as a stream (an export's heads).
 pub fn heads_between(

@@ -229,6 +229,7 @@ pub async fn run(base_url: &str, args: &ChaosArgs) -> Result<i32> {
 
     admission::set_up(&ledger).await?;
     let started = Instant::now();
+    let bar = progress(&ledger, plan.jobs, stop.clone());
     let (mut enqueued, faults) = faults::inject(&ledger, &plan, &mut cluster).await?;
     enqueued.extend(
         admission::wind_down(&ledger)
@@ -251,6 +252,9 @@ pub async fn run(base_url: &str, args: &ChaosArgs) -> Result<i32> {
     cluster.relay.stop(Duration::from_secs(10)).await;
     cluster.mirror.stop(Duration::from_secs(10)).await;
 
+    if let Some(b) = bar {
+        b.abort();
+    }
     let mut report = check::Report::new(&plan, faults, started.elapsed());
     if let Err(e) = &drained {
         report.violation(format!("drain: {e:#}"));
@@ -274,4 +278,36 @@ pub async fn run(base_url: &str, args: &ChaosArgs) -> Result<i32> {
     } else {
         output::FAILURE
     })
+}
+
+/// Jobs ended of those planned, with rate and ETA, on a terminal's stderr
+/// (nothing when piped: no bar and no polling). Reads the database once a
+/// second and shrugs off the errors of the planned PostgreSQL restart.
+fn progress(ledger: &Ledger, jobs: usize, stop: CancellationToken) -> Option<tokio::task::JoinHandle<()>> {
+    use std::io::IsTerminal;
+    if !std::io::stderr().is_terminal() {
+        return None;
+    }
+    let ledger = ledger.clone();
+    Some(tokio::spawn(async move {
+        let bar = indicatif::ProgressBar::new(jobs as u64).with_style(
+            indicatif::ProgressStyle::with_template("chaos [{bar:40}] {pos}/{len} jobs ended, ETA {eta}")
+                .expect("template")
+                .progress_chars("=> "),
+        );
+        while !stop.is_cancelled() {
+            if let Ok(counts) = ledger.counts_by_state().await {
+                let (mut ended, mut all) = (0, 0);
+                for (state, n) in counts {
+                    all += n as u64;
+                    if jobledger::domain::JobState::parse(&state).is_some_and(|s| s.is_terminal()) {
+                        ended += n as u64;
+                    }
+                }
+                bar.set_length(all.max(jobs as u64));
+                bar.set_position(ended);
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    }))
 }
