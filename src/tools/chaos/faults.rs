@@ -168,7 +168,7 @@ pub async fn inject(ledger: &Ledger, plan: &Plan, c: &mut Cluster) -> Result<(Ve
         restart_crashed(c, &mut n)?;
         let frac = start.elapsed().as_secs_f64() / window.as_secs_f64();
         if !broker_stalled && frac >= 0.3 {
-            eprintln!("chaos: SIGSTOP broker for {}s", plan.broker_stall_s);
+            super::say!("chaos: SIGSTOP broker for {}s", plan.broker_stall_s);
             c.broker.signal(Signal::SIGSTOP);
             tokio::time::sleep(Duration::from_secs(plan.broker_stall_s)).await;
             c.broker.signal(Signal::SIGCONT);
@@ -178,18 +178,18 @@ pub async fn inject(ledger: &Ledger, plan: &Plan, c: &mut Cluster) -> Result<(Ve
         if !pg_done && frac >= 0.55 {
             match procs::restart_postgres(c.pg_port).await {
                 Ok(cluster) => {
-                    eprintln!("chaos: restarted PostgreSQL {cluster}");
+                    super::say!("chaos: restarted PostgreSQL {cluster}");
                     n.pg_restart += 1;
                 }
                 Err(e) => {
-                    eprintln!("chaos: could not restart PostgreSQL: {e:#}");
+                    super::say!("chaos: could not restart PostgreSQL: {e:#}");
                     n.pg_restart_failed += 1;
                 }
             }
             pg_done = true;
         }
         if !broker_restarted && frac >= 0.75 {
-            eprintln!("chaos: kill -9 and restart the (durable) broker");
+            super::say!("chaos: kill -9 and restart the (durable) broker");
             c.broker.kill9().await;
             c.broker.start()?;
             procs::wait_for_port(c.broker_port, Duration::from_secs(60)).await?;
@@ -210,7 +210,7 @@ pub async fn inject(ledger: &Ledger, plan: &Plan, c: &mut Cluster) -> Result<(Ve
             fault_no += 1;
             let i = rng.gen_range(0..c.workers.len());
             if roll < 0.35 {
-                eprintln!("chaos: kill -9 {}", c.workers[i].name);
+                super::say!("chaos: kill -9 {}", c.workers[i].name);
                 c.workers[i].kill9().await;
                 c.workers[i].start()?;
                 n.worker_kill9 += 1;
@@ -219,7 +219,7 @@ pub async fn inject(ledger: &Ledger, plan: &Plan, c: &mut Cluster) -> Result<(Ve
                     continue;
                 }
                 let Some(pid) = c.workers[i].pid() else { continue };
-                eprintln!("chaos: SIGSTOP {} for {stall:?}", c.workers[i].name);
+                super::say!("chaos: SIGSTOP {} for {stall:?}", c.workers[i].name);
                 let _ = kill(pid, Signal::SIGSTOP);
                 frozen_until[i] = now + stall;
                 tokio::spawn(async move {
@@ -229,17 +229,17 @@ pub async fn inject(ledger: &Ledger, plan: &Plan, c: &mut Cluster) -> Result<(Ve
                 n.worker_sigstop += 1;
             } else if roll < 0.9 {
                 if n.relay_restart % 2 == 0 {
-                    eprintln!("chaos: restart the relay (SIGTERM)");
+                    super::say!("chaos: restart the relay (SIGTERM)");
                     c.relay.stop(Duration::from_secs(10)).await;
                 } else {
-                    eprintln!("chaos: kill -9 the relay");
+                    super::say!("chaos: kill -9 the relay");
                     c.relay.kill9().await;
                     n.relay_kill9 += 1;
                 }
                 c.relay.start()?;
                 n.relay_restart += 1;
             } else {
-                eprintln!("chaos: kill -9 the status-mirror consumer");
+                super::say!("chaos: kill -9 the status-mirror consumer");
                 c.mirror.kill9().await;
                 c.mirror.start()?;
                 n.mirror_kill9 += 1;
@@ -263,7 +263,7 @@ pub async fn inject(ledger: &Ledger, plan: &Plan, c: &mut Cluster) -> Result<(Ve
 fn restart_crashed(c: &mut Cluster, n: &mut FaultCounts) -> Result<()> {
     for p in c.workers.iter_mut().chain([&mut c.relay, &mut c.mirror]) {
         if let Some(status) = p.exited() {
-            eprintln!("chaos: {} exited on its own ({status}); restarting it", p.name);
+            super::say!("chaos: {} exited on its own ({status}); restarting it", p.name);
             n.unexpected_exits += 1;
             p.start()?;
         }

@@ -22,6 +22,21 @@ use crate::tools::output::{self, line};
 use jobledger::ledger::Ledger;
 use procs::Proc;
 
+/// The run's progress bar, when stderr is a terminal: the run's messages
+/// go above it (`say!`) instead of through it.
+static BAR: std::sync::OnceLock<indicatif::ProgressBar> = std::sync::OnceLock::new();
+
+/// `eprintln!` that keeps clear of the progress bar.
+macro_rules! say {
+    ($($t:tt)*) => {
+        match crate::tools::chaos::BAR.get() {
+            Some(bar) if !bar.is_finished() => bar.println(format!($($t)*)),
+            _ => eprintln!($($t)*),
+        }
+    };
+}
+pub(crate) use say;
+
 pub const QUEUE: &str = "chaos";
 
 #[derive(clap::Args, Debug, Clone)]
@@ -255,6 +270,9 @@ pub async fn run(base_url: &str, args: &ChaosArgs) -> Result<i32> {
     if let Some(b) = bar {
         b.abort();
     }
+    if let Some(b) = BAR.get() {
+        b.finish(); // leaves the last count on screen; messages go below it
+    }
     let mut report = check::Report::new(&plan, faults, started.elapsed());
     if let Err(e) = &drained {
         report.violation(format!("drain: {e:#}"));
@@ -290,11 +308,14 @@ fn progress(ledger: &Ledger, jobs: usize, stop: CancellationToken) -> Option<tok
     }
     let ledger = ledger.clone();
     Some(tokio::spawn(async move {
-        let bar = indicatif::ProgressBar::new(jobs as u64).with_style(
-            indicatif::ProgressStyle::with_template("chaos [{bar:40}] {pos}/{len} jobs ended, ETA {eta}")
-                .expect("template")
-                .progress_chars("=> "),
-        );
+        let bar = BAR
+            .get_or_init(|| indicatif::ProgressBar::new(jobs as u64))
+            .clone()
+            .with_style(
+                indicatif::ProgressStyle::with_template("chaos [{bar:40}] {pos}/{len} jobs ended, ETA {eta}")
+                    .expect("template")
+                    .progress_chars("=> "),
+            );
         while !stop.is_cancelled() {
             if let Ok(counts) = ledger.counts_by_state().await {
                 let (mut ended, mut all) = (0, 0);
@@ -309,5 +330,6 @@ fn progress(ledger: &Ledger, jobs: usize, stop: CancellationToken) -> Option<tok
             }
             tokio::time::sleep(Duration::from_secs(1)).await;
         }
+        bar.finish();
     }))
 }
