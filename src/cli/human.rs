@@ -79,8 +79,30 @@ fn dim(on: bool, s: &str) -> String {
     paint(on, Style::new().dimmed(), s)
 }
 
+/// Text from the log as a terminal may show it: control characters (an
+/// escape sequence in a worker's error message would drive the operator's
+/// terminal) and bidirectional overrides (which reorder what is read) are
+/// written as escapes instead.
+pub fn clean(s: &str) -> std::borrow::Cow<'_, str> {
+    let bad = |c: char| c.is_control() || matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}');
+    if !s.chars().any(bad) {
+        return s.into();
+    }
+    s.chars()
+        .map(|c| {
+            if bad(c) {
+                c.escape_unicode().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect::<String>()
+        .into()
+}
+
 /// One `history` line: the target state after `->` coloured, refusals red.
 pub fn history_line(on: bool, l: &str) -> String {
+    let l = &*clean(l);
     if !on {
         return l.to_string();
     }
@@ -123,8 +145,8 @@ pub fn fields(on: bool, v: &Value) -> Vec<String> {
         .filter(|(_, v)| !v.is_null())
         .map(|(k, v)| {
             let shown = match v {
-                Value::String(s) if k == "state" => state(on, s),
-                Value::String(s) => s.clone(),
+                Value::String(s) if k == "state" => state(on, &clean(s)),
+                Value::String(s) => clean(s).into_owned(),
                 Value::Array(a) if a.iter().all(Value::is_object) && !a.is_empty() => a
                     .iter()
                     .map(|x| x.to_string())
@@ -141,7 +163,7 @@ pub fn fields(on: bool, v: &Value) -> Vec<String> {
 pub fn table(on: bool, columns: &[&str], rows: &[Value]) -> Vec<String> {
     let cell = |r: &Value, c: &str| match &r[c] {
         Value::Null => "-".to_string(),
-        Value::String(s) => s.clone(),
+        Value::String(s) => clean(s).into_owned(),
         v => v.to_string(),
     };
     let widths: Vec<usize> = columns
@@ -208,5 +230,14 @@ mod tests {
         assert_eq!(history_line(false, l), l);
         let r = history_line(true, "      -   REFUSED heartbeat stale");
         assert!(r.contains("\u{1b}[31m"), "{r:?}");
+    }
+
+    #[test]
+    fn text_from_the_log_cannot_drive_the_terminal() {
+        let l = history_line(false, "by w \u{1b}]0;owned\u{7} x\u{202e}y");
+        assert!(!l.contains('\u{1b}') && !l.contains('\u{202e}'), "{l:?}");
+        assert!(l.contains("\\u{1b}") && l.contains("\\u{202e}"), "{l:?}");
+        let f = fields(false, &json!({"last_error": "a\u{1b}[2Jb"}));
+        assert_eq!(f, ["last_error  a\\u{1b}[2Jb"]);
     }
 }

@@ -33,9 +33,9 @@ async fn basic(ledger: &Ledger, cli: &Cli) -> Result<i32> {
                         Some(jobledger::ledger::timeline::Delivery::Published) => "  (published)",
                         _ => "",
                     };
-                    println!("{at}  {step}{}{sent}", l.words);
+                    println!("{at}  {step}{}{sent}", human::clean(&l.words));
                     for c in l.corrections {
-                        println!("{:27}  ↳ corrected: {c}", "");
+                        println!("{:27}  ↳ corrected: {}", "", human::clean(&c));
                     }
                 }
             } else if render == Render::Json {
