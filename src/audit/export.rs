@@ -127,17 +127,17 @@ impl Ledger {
     /// Writes the segment `[from, to)` of the log (to the log's end as of
     /// now when `to` is `None`) to `out`.
     pub async fn export(&self, from: u64, to: Option<u64>, out: &Path) -> AuditResult<Exported> {
-        self.export_tracked(from, to, out, &super::Progress::default())
-            .await
+        self.export_tracked(from, to, out, None).await
     }
 
-    /// `export`, telling `progress` the events to write and those written.
+    /// `export`, telling `progress` (if any) the events to write (a count
+    /// over the log, so only when someone watches) and those written.
     pub async fn export_tracked(
         &self,
         from: u64,
         to: Option<u64>,
         out: &Path,
-        progress: &super::Progress,
+        progress: Option<&super::Progress>,
     ) -> AuditResult<Exported> {
         if to.is_some_and(|t| t < from) {
             return Err(AuditError::BadInput(format!(
@@ -149,14 +149,14 @@ impl Ledger {
         let log_id = merkle::log_id(&mut *conn).await?;
         let end_place = merkle::log_end(&mut *conn).await?;
         let (mut frontier, mut cursor) = prefix(&mut conn, from).await?;
-        let leaves = match end_place {
-            Some(end) => merkle::leaves_through(&mut *conn, end).await? as u64,
-            None => from,
-        };
-        let leaves = to.map_or(leaves, |t| t.min(leaves));
-        progress
-            .total
-            .store(leaves.saturating_sub(from), Ordering::Relaxed);
+        if let Some(p) = progress {
+            let leaves = match end_place {
+                Some(end) => merkle::leaves_through(&mut *conn, end).await? as u64,
+                None => from,
+            };
+            let leaves = to.map_or(leaves, |t| t.min(leaves));
+            p.total.store(leaves.saturating_sub(from), Ordering::Relaxed);
+        }
         let file = std::fs::File::create(out).map_err(|e| io(out, e))?;
         let mut z = zstd::stream::write::Encoder::new(std::io::BufWriter::with_capacity(1 << 20, file), 3)
             .map_err(|e| io(out, e))?;
@@ -202,7 +202,9 @@ impl Ledger {
                 };
                 line(&mut z, out, &l)?;
                 index += 1;
-                progress.done.fetch_add(1, Ordering::Relaxed);
+                if let Some(p) = progress {
+                    p.done.fetch_add(1, Ordering::Relaxed);
+                }
             }
         }
         let mut jobs = 0;

@@ -287,7 +287,7 @@ pub enum Cmd {
         format: super::human::Format,
         /// The story in plain words, with each event's delivery state (as
         /// the console's job page tells it).
-        #[arg(long, conflicts_with_all = ["json", "text"])]
+        #[arg(long, conflicts_with = "json")]
         story: bool,
     },
     /// The HTTP API (`/v1`, bearer tokens; docs/http.md) until SIGTERM.

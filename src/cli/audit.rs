@@ -112,7 +112,15 @@ pub fn offline(keygen: Option<&KeygenArgs>, audit: Option<&AuditArgs>) -> Result
     if a.files.is_empty() {
         return Err(BadInput("name the exported segments to audit, or --proof FILE".into()).into());
     }
-    let mut auditor = Auditor::new(pubkey, |f| line(&json!({ "finding": f })));
+    // Findings print above the bar (known once it exists), not through it.
+    let bar = std::sync::OnceLock::<indicatif::ProgressBar>::new();
+    let mut auditor = Auditor::new(pubkey, |f| {
+        let print = || line(&json!({ "finding": f }));
+        match bar.get() {
+            Some(b) => b.suspend(print),
+            None => print(),
+        }
+    });
     let progress = auditor.progress();
     let size: u64 = a
         .files
@@ -122,6 +130,9 @@ pub fn offline(keygen: Option<&KeygenArgs>, audit: Option<&AuditArgs>) -> Result
         .sum();
     progress.total.store(size, std::sync::atomic::Ordering::Relaxed);
     let ticker = output::Ticker::start(progress, "bytes", true);
+    if let Some(b) = ticker.bar() {
+        let _ = bar.set(b);
+    }
     for h in &a.head {
         let cp = jobledger::audit::offline::read_head(h).map_err(code)?;
         auditor.hold(&h.display().to_string(), cp);
@@ -160,7 +171,7 @@ pub async fn export(ledger: &Ledger, a: &ExportArgs) -> Result<i32> {
     let progress = std::sync::Arc::new(jobledger::audit::Progress::default());
     let ticker = output::Ticker::start(progress.clone(), "events", false);
     let done = ledger
-        .export_tracked(a.from, a.to, &a.out, &progress)
+        .export_tracked(a.from, a.to, &a.out, ticker.drawing().then_some(&*progress))
         .await
         .map_err(code);
     drop(ticker);

@@ -7,7 +7,9 @@
 use std::io::IsTerminal;
 
 use anstyle::{AnsiColor, Style};
+use jobledger::ledger::timeline::{LineKind, TimelineLine};
 use serde_json::Value;
+use unicode_width::UnicodeWidthStr;
 
 /// `--json` / `--text` of the reads that render for people.
 #[derive(clap::Args, Debug, Clone, Copy)]
@@ -100,23 +102,33 @@ pub fn clean(s: &str) -> std::borrow::Cow<'_, str> {
         .into()
 }
 
-/// One `history` line: the target state after `->` coloured, refusals red.
-pub fn history_line(on: bool, l: &str) -> String {
-    let l = &*clean(l);
+/// One `history` line: the state the event moved the job to coloured,
+/// refusals red, corrections dimmed. The label (a step's name, chosen by
+/// people) is never read for markup; the line after it has a fixed layout
+/// up to the target state (position, version, time, event type, from).
+pub fn timeline_line(on: bool, l: &TimelineLine) -> String {
+    let (label, text) = (clean(&l.label), clean(&l.text));
     if !on {
-        return l.to_string();
+        return format!("{label}{text}");
     }
-    if let Some(at) = l.find(" REFUSED ") {
-        let red = Style::new().fg_color(Some(AnsiColor::Red.into()));
-        return format!("{}{}", &l[..at], paint(true, red, &l[at..]));
-    }
-    let Some(arrow) = l.find(" -> ") else {
-        return l.to_string();
+    let red = Style::new().fg_color(Some(AnsiColor::Red.into()));
+    let body = match &l.kind {
+        LineKind::Refused => paint(true, red, &text),
+        LineKind::Correction => dim(true, &text),
+        LineKind::Event { to_state } => {
+            let arrow = format!(" -> {to_state}");
+            match text.find(&arrow) {
+                Some(at) => format!(
+                    "{} -> {}{}",
+                    &text[..at],
+                    state(true, to_state),
+                    &text[at + arrow.len()..]
+                ),
+                None => text.into_owned(),
+            }
+        }
     };
-    let rest = &l[arrow + 4..];
-    let word_end = rest.find(' ').unwrap_or(rest.len());
-    let word = &rest[..word_end];
-    format!("{} -> {}{}", &l[..arrow], state(true, word), &rest[word_end..])
+    format!("{label}{body}")
 }
 
 /// A JSON object as aligned `key  value` lines: scalars as they read,
@@ -125,7 +137,7 @@ pub fn fields(on: bool, v: &Value) -> Vec<String> {
     let Some(o) = v.as_object() else {
         return vec![v.to_string()];
     };
-    let width = o.keys().map(|k| k.len()).max().unwrap_or(0);
+    let width = o.keys().map(|k| k.width()).max().unwrap_or(0);
     // Who and where first, then what happened, then the rest A to Z.
     const FIRST: [&str; 8] = [
         "job_id",
@@ -149,10 +161,10 @@ pub fn fields(on: bool, v: &Value) -> Vec<String> {
                 Value::String(s) => clean(s).into_owned(),
                 Value::Array(a) if a.iter().all(Value::is_object) && !a.is_empty() => a
                     .iter()
-                    .map(|x| x.to_string())
+                    .map(|x| clean(&x.to_string()).into_owned())
                     .collect::<Vec<_>>()
                     .join(&format!("\n{:width$}  ", "")),
-                other => other.to_string(),
+                other => clean(&other.to_string()).into_owned(),
             };
             format!("{}  {shown}", dim(on, &format!("{k:<width$}")))
         })
@@ -164,13 +176,13 @@ pub fn table(on: bool, columns: &[&str], rows: &[Value]) -> Vec<String> {
     let cell = |r: &Value, c: &str| match &r[c] {
         Value::Null => "-".to_string(),
         Value::String(s) => clean(s).into_owned(),
-        v => v.to_string(),
+        v => clean(&v.to_string()).into_owned(),
     };
     let widths: Vec<usize> = columns
         .iter()
         .map(|c| {
             rows.iter()
-                .map(|r| cell(r, c).chars().count())
+                .map(|r| cell(r, c).width())
                 .chain([c.len()])
                 .max()
                 .unwrap_or(0)
@@ -189,7 +201,7 @@ pub fn table(on: bool, columns: &[&str], rows: &[Value]) -> Vec<String> {
             .zip(&widths)
             .map(|(c, w)| {
                 let text = cell(r, c);
-                let pad = " ".repeat(w.saturating_sub(text.chars().count()));
+                let pad = " ".repeat(w.saturating_sub(text.width()));
                 // Numbers right-aligned, words left; a state coloured.
                 match &r[*c] {
                     Value::Number(_) => format!("{pad}{text}"),
@@ -199,6 +211,9 @@ pub fn table(on: bool, columns: &[&str], rows: &[Value]) -> Vec<String> {
             })
             .collect();
         out.push(cells.join("  ").trim_end().to_string());
+    }
+    if rows.is_empty() {
+        out.push(dim(on, "(none)"));
     }
     out
 }
@@ -216,27 +231,65 @@ mod tests {
         ];
         let t = table(false, &["state", "jobs"], &rows);
         assert_eq!(t, ["state      jobs", "succeeded    12", "dead          3"]);
+        let t = table(
+            false,
+            &["reader", "lag"],
+            &[
+                json!({"reader": "投影読者", "lag": 1}),
+                json!({"reader": "ab", "lag": 2}),
+            ],
+        );
+        assert_eq!(t, ["reader    lag", "投影読者    1", "ab          2"]);
+        assert_eq!(table(false, &["state"], &[]), ["state", "(none)"]);
         let f = fields(false, &json!({"job_id": "x", "state": "dead", "result": null}));
         assert_eq!(f, ["job_id  x", "state   dead"]);
         let f = fields(false, &json!({"attempt": 1, "state": "dead", "job_id": "x"}));
         assert_eq!(f, ["job_id   x", "state    dead", "attempt  1"]);
     }
 
+    fn event(label: &str, text: &str, to: &str) -> TimelineLine {
+        TimelineLine {
+            label: label.into(),
+            kind: LineKind::Event { to_state: to.into() },
+            text: text.into(),
+        }
+    }
+
     #[test]
     fn colour_marks_the_state_only() {
-        let l = "      3 v2   2026-12-02T22:09:56Z  claimed   queued -> leased   claimed";
-        let c = history_line(true, l);
+        let t = "      3 v2   2026-12-02T22:09:56Z  claimed   queued -> leased   claimed";
+        let c = timeline_line(true, &event("", t, "leased"));
         assert!(c.contains("\u{1b}[") && c.starts_with("      3 v2"), "{c:?}");
-        assert_eq!(history_line(false, l), l);
-        let r = history_line(true, "      -   REFUSED heartbeat stale");
-        assert!(r.contains("\u{1b}[31m"), "{r:?}");
+        assert_eq!(timeline_line(false, &event("", t, "leased")), t);
+        // A step named like an arrow to a state is not marked up.
+        let c = timeline_line(true, &event("[a -> dead x] ", t, "leased"));
+        assert!(c.starts_with("[a -> dead x] "), "{c:?}");
+        assert!(c.contains("\u{1b}[1m\u{1b}[36mleased"), "{c:?}");
+        let r = TimelineLine {
+            label: String::new(),
+            kind: LineKind::Refused,
+            text: "      -   REFUSED heartbeat stale".into(),
+        };
+        assert!(timeline_line(true, &r).contains("\u{1b}[31m"));
     }
 
     #[test]
     fn text_from_the_log_cannot_drive_the_terminal() {
-        let l = history_line(false, "by w \u{1b}]0;owned\u{7} x\u{202e}y");
+        let l = timeline_line(
+            false,
+            &event("[\u{202e}x] ", "by w \u{1b}]0;owned\u{7} x\u{202e}y", "q"),
+        );
         assert!(!l.contains('\u{1b}') && !l.contains('\u{202e}'), "{l:?}");
         assert!(l.contains("\\u{1b}") && l.contains("\\u{202e}"), "{l:?}");
+        // Nested values too (serde escapes only U+0000..U+001F).
+        let f = fields(
+            false,
+            &json!({"last_error": {"message": "a\u{9b}2J\u{202e}b\u{7f}"}}),
+        );
+        assert!(
+            !f[0].contains('\u{9b}') && !f[0].contains('\u{202e}') && !f[0].contains('\u{7f}'),
+            "{f:?}"
+        );
         let f = fields(false, &json!({"last_error": "a\u{1b}[2Jb"}));
         assert_eq!(f, ["last_error  a\\u{1b}[2Jb"]);
     }

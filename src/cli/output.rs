@@ -227,6 +227,7 @@ pub fn progress_bar(len: u64, unit: &str) -> indicatif::ProgressBar {
 pub struct Ticker {
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
+    bar: Option<indicatif::ProgressBar>,
 }
 
 impl Ticker {
@@ -244,11 +245,16 @@ impl Ticker {
             );
         }
         if bar.is_hidden() {
-            return Ticker { stop, thread: None };
+            return Ticker {
+                stop,
+                thread: None,
+                bar: None,
+            };
         }
         // Not drawn until the total is known (an empty bar reads as done).
         bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
         let halt = stop.clone();
+        let shown = bar.clone();
         let thread = std::thread::spawn(move || {
             while !halt.load(Relaxed) {
                 if bar.is_hidden() && progress.total.load(Relaxed) > 0 {
@@ -263,7 +269,18 @@ impl Ticker {
         Ticker {
             stop,
             thread: Some(thread),
+            bar: Some(shown),
         }
+    }
+
+    /// Whether a bar is drawn (stderr is a terminal).
+    pub fn drawing(&self) -> bool {
+        self.bar.is_some()
+    }
+
+    /// The bar, for printing around it (`ProgressBar::suspend`).
+    pub fn bar(&self) -> Option<indicatif::ProgressBar> {
+        self.bar.clone()
     }
 }
 

@@ -43,8 +43,8 @@ async fn basic(ledger: &Ledger, cli: &Cli) -> Result<i32> {
                     line(&v);
                 }
             } else {
-                for l in jobledger::ledger::timeline::lines(ledger, *job).await? {
-                    println!("{}", human::history_line(render.colour(), &l));
+                for l in jobledger::ledger::timeline::parts(ledger, *job).await? {
+                    println!("{}", human::timeline_line(render.colour(), &l));
                 }
             }
             Ok(output::OK)
@@ -95,11 +95,12 @@ async fn basic(ledger: &Ledger, cli: &Cli) -> Result<i32> {
                 r => {
                     let columns = [
                         "reader",
-                        "checkpoint",
+                        "position",
                         "lag_events",
                         "lag_seconds",
                         "horizon_held_by",
                     ];
+                    let readers: Vec<_> = readers.iter().map(reader_row).collect();
                     let mut out = human::table(r.colour(), &["state", "jobs"], &states);
                     out.push(String::new());
                     out.extend(human::table(r.colour(), &columns, &readers));
@@ -173,6 +174,27 @@ pub async fn run(ledger: &Ledger, cli: &Cli) -> Result<i32> {
         Cmd::Verify { .. } => verify(ledger, cli).await,
         _ => basic(ledger, cli).await,
     }
+}
+
+/// A reader's line of the `stats` table: its checkpoint's position, and who
+/// holds the horizon back in a few words (the JSON has the query text).
+fn reader_row(v: &serde_json::Value) -> serde_json::Value {
+    let h = &v["horizon_held_by"];
+    let held = match h["kind"].as_str() {
+        None => serde_json::Value::Null,
+        Some(kind) => {
+            let who = h["pid"].as_i64().map(|p| format!(" pid {p}")).unwrap_or_default();
+            let gid = h["gid"].as_str().map(|g| format!(" {g:?}")).unwrap_or_default();
+            let state = h["state"].as_str().map(|s| format!(", {s}")).unwrap_or_default();
+            let open = h["open_seconds"]
+                .as_f64()
+                .map(|s| format!(", open {s:.0} s"))
+                .unwrap_or_default();
+            json!(format!("{kind}{who}{gid}{state}{open}"))
+        }
+    };
+    json!({ "reader": v["reader"], "position": v["checkpoint"]["position"], "lag_events": v["lag_events"],
+            "lag_seconds": v["lag_seconds"], "horizon_held_by": held })
 }
 
 /// Every named log reader (the relay, consumers) with how far behind the

@@ -162,19 +162,62 @@ fn refused_line(r: &RejectionRow) -> String {
     )
 }
 
+/// One line of `lines`, with what a renderer needs to mark it up without
+/// reading the text (which carries names and words people chose).
+#[derive(Debug, Clone)]
+pub struct TimelineLine {
+    /// `[step] ` for a workflow step's line, else empty.
+    pub label: String,
+    pub kind: LineKind,
+    /// The line without its label.
+    pub text: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LineKind {
+    /// An event, and the state it moved the job to.
+    Event {
+        to_state: String,
+    },
+    Refused,
+    Correction,
+}
+
+impl TimelineLine {
+    fn new(label: String, kind: LineKind, text: String) -> Self {
+        TimelineLine {
+            label: one_line(&label),
+            kind,
+            text: one_line(&text),
+        }
+    }
+}
+
+impl std::fmt::Display for TimelineLine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}{}", self.label, self.text)
+    }
+}
+
 /// One line per event and refusal, in time; an annotated event is followed
 /// by a line for each correction of it (the correction also has its own
 /// line, when it was made).
 pub async fn lines(ledger: &Ledger, job: Uuid) -> Result<Vec<String>> {
+    Ok(parts(ledger, job).await?.iter().map(|l| l.to_string()).collect())
+}
+
+/// `lines`, each with its label and kind apart.
+pub async fn parts(ledger: &Ledger, job: Uuid) -> Result<Vec<TimelineLine>> {
     let items = items(ledger, job).await?;
-    let mut corrections: std::collections::HashMap<i64, Vec<String>> = Default::default();
+    let mut corrections: std::collections::HashMap<i64, Vec<TimelineLine>> = Default::default();
     for i in &items {
-        if let Item::Event(h, _) = i {
-            if let (Item::Event(_, step), Some((at, line))) = (i, correction_line(h)) {
-                corrections
-                    .entry(at)
-                    .or_default()
-                    .push(format!("{}{line}", label(step)));
+        if let Item::Event(h, step) = i {
+            if let Some((at, line)) = correction_line(h) {
+                corrections.entry(at).or_default().push(TimelineLine::new(
+                    label(step),
+                    LineKind::Correction,
+                    line,
+                ));
             }
         }
     }
@@ -182,16 +225,15 @@ pub async fn lines(ledger: &Ledger, job: Uuid) -> Result<Vec<String>> {
     for i in &items {
         match i {
             Item::Event(h, step) => {
-                out.push(one_line(&format!("{}{}", label(step), event_line(h))));
-                out.extend(
-                    corrections
-                        .remove(&h.position)
-                        .unwrap_or_default()
-                        .iter()
-                        .map(|l| one_line(l)),
-                );
+                let kind = LineKind::Event {
+                    to_state: h.event.to_state.as_str().to_string(),
+                };
+                out.push(TimelineLine::new(label(step), kind, event_line(h)));
+                out.extend(corrections.remove(&h.position).unwrap_or_default());
             }
-            Item::Refused(r, step) => out.push(one_line(&format!("{}{}", label(step), refused_line(r)))),
+            Item::Refused(r, step) => {
+                out.push(TimelineLine::new(label(step), LineKind::Refused, refused_line(r)))
+            }
         }
     }
     Ok(out)

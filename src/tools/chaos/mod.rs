@@ -252,7 +252,7 @@ pub async fn run(base_url: &str, args: &ChaosArgs) -> Result<i32> {
             .into_iter()
             .map(|job_id| faults::Enqueued { job_id }),
     );
-    eprintln!(
+    say!(
         "chaos: {} jobs enqueued in {:.0}s; faults stopped, draining",
         enqueued.len(),
         started.elapsed().as_secs_f64()
@@ -267,12 +267,7 @@ pub async fn run(base_url: &str, args: &ChaosArgs) -> Result<i32> {
     cluster.relay.stop(Duration::from_secs(10)).await;
     cluster.mirror.stop(Duration::from_secs(10)).await;
 
-    if let Some(b) = bar {
-        b.abort();
-    }
-    if let Some(b) = BAR.get() {
-        b.finish(); // leaves the last count on screen; messages go below it
-    }
+    drop(bar); // leaves the last count on screen; messages go below it
     let mut report = check::Report::new(&plan, faults, started.elapsed());
     if let Err(e) = &drained {
         report.violation(format!("drain: {e:#}"));
@@ -301,13 +296,13 @@ pub async fn run(base_url: &str, args: &ChaosArgs) -> Result<i32> {
 /// Jobs ended of those planned, with rate and ETA, on a terminal's stderr
 /// (nothing when piped: no bar and no polling). Reads the database once a
 /// second and shrugs off the errors of the planned PostgreSQL restart.
-fn progress(ledger: &Ledger, jobs: usize, stop: CancellationToken) -> Option<tokio::task::JoinHandle<()>> {
+fn progress(ledger: &Ledger, jobs: usize, stop: CancellationToken) -> Option<BarTask> {
     use std::io::IsTerminal;
     if !std::io::stderr().is_terminal() {
         return None;
     }
     let ledger = ledger.clone();
-    Some(tokio::spawn(async move {
+    Some(BarTask(tokio::spawn(async move {
         let bar = BAR
             .get_or_init(|| indicatif::ProgressBar::new(jobs as u64))
             .clone()
@@ -331,5 +326,18 @@ fn progress(ledger: &Ledger, jobs: usize, stop: CancellationToken) -> Option<tok
             tokio::time::sleep(Duration::from_secs(1)).await;
         }
         bar.finish();
-    }))
+    })))
+}
+
+/// The bar's polling task: stopped, and the bar finished, however the run
+/// leaves (an error between the start and the drain included).
+struct BarTask(tokio::task::JoinHandle<()>);
+
+impl Drop for BarTask {
+    fn drop(&mut self) {
+        self.0.abort();
+        if let Some(b) = BAR.get() {
+            b.finish();
+        }
+    }
 }

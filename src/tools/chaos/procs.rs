@@ -27,7 +27,7 @@ pub fn kill_children_on_signal() {
         for pid in alive().iter() {
             let _ = kill(Pid::from_raw(*pid), Signal::SIGKILL);
         }
-        eprintln!("chaos: interrupted; killed every child process");
+        super::say!("chaos: interrupted; killed every child process");
         std::process::exit(130);
     });
 }
