@@ -1,11 +1,18 @@
 //! Kafka test support shared by the relay and consumer tests.
 
-use jobledger::relay::RelayConfig;
+use super::TestDb;
+use jobledger::relay::{Relay, RelayConfig};
 use jobledger_consumers::{ConsumerConfig, EventHandler, FencedConsumer};
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::message::{Headers, Message};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use serde_json::json;
+use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
+use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 pub fn brokers() -> String {
@@ -136,4 +143,125 @@ pub async fn topic_and_producer() -> (String, FutureProducer, super::TestDb) {
         .create()
         .unwrap();
     (topic, p, admin_db)
+}
+
+/// A relay running until the token is cancelled, and its counters.
+pub fn spawn_relay(
+    db: &TestDb,
+    cfg: RelayConfig,
+) -> (
+    CancellationToken,
+    tokio::task::JoinHandle<()>,
+    Arc<jobledger::relay::RelayCounters>,
+) {
+    let relay = Relay::new(db.ledger.clone(), cfg);
+    let counters = relay.counters();
+    let stop = CancellationToken::new();
+    let s = stop.clone();
+    (
+        stop,
+        tokio::spawn(async move { relay.run(s).await.unwrap() }),
+        counters,
+    )
+}
+
+/// The messages of the topic: (key, version, job_id) in arrival order per
+/// partition, read with a plain consumer until every event of the ledger
+/// arrived at least once (duplicates are not counted toward it).
+pub async fn read_ledger_from_topic(db: &TestDb, topic: &str) -> Vec<(String, i64, String)> {
+    let want: std::collections::HashSet<(String, i64)> =
+        sqlx::query_as::<_, (Uuid, i64)>("SELECT job_id, version FROM jobledger.events")
+            .fetch_all(db.ledger.pool())
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|(j, v)| (j.to_string(), v))
+            .collect();
+    let mut seen = std::collections::HashSet::new();
+    let mut out = vec![];
+    for m in read_topic_while(topic, |msgs| {
+        seen.extend(msgs.iter().map(|(_, v, j)| (j.clone(), *v)));
+        !want.is_subset(&seen)
+    })
+    .await
+    {
+        out.push(m);
+    }
+    out
+}
+
+/// Every message of the topic, read with a plain consumer while `more`
+/// (given the messages read so far) says so; 60 s at most per message.
+pub async fn read_topic_while(
+    topic: &str,
+    mut more: impl FnMut(&[(String, i64, String)]) -> bool,
+) -> Vec<(String, i64, String)> {
+    let c: StreamConsumer = ClientConfig::new()
+        .set("bootstrap.servers", brokers())
+        .set("group.id", format!("raw-{}", Uuid::new_v4().simple()))
+        .set("auto.offset.reset", "earliest")
+        .set("enable.auto.commit", "false")
+        .create()
+        .unwrap();
+    c.subscribe(&[topic]).unwrap();
+    let mut out = vec![];
+    while more(&out) {
+        let m = tokio::time::timeout(Duration::from_secs(60), c.recv())
+            .await
+            .expect("messages arrive")
+            .unwrap();
+        let version = m
+            .headers()
+            .unwrap()
+            .iter()
+            .find(|h| h.key == "version")
+            .unwrap()
+            .value
+            .unwrap();
+        let body: serde_json::Value = serde_json::from_slice(m.payload().unwrap()).unwrap();
+        out.push((
+            String::from_utf8(m.key().unwrap().to_vec()).unwrap(),
+            std::str::from_utf8(version).unwrap().parse().unwrap(),
+            body["job_id"].as_str().unwrap().to_string(),
+        ));
+    }
+    out
+}
+
+/// Per job: first occurrences of versions are 1, 2, 3, ... (duplicates allowed).
+pub fn assert_in_order(msgs: &[(String, i64, String)]) -> HashMap<String, i64> {
+    let mut seen: HashMap<String, i64> = HashMap::new();
+    for (_, v, job) in msgs {
+        let last = seen.entry(job.clone()).or_insert(0);
+        if *v <= *last {
+            continue;
+        }
+        assert_eq!(*v, *last + 1, "job {job} jumped from v{last} to v{v}");
+        *last = *v;
+    }
+    seen
+}
+
+/// Each stream's last version on the topic is its version in the ledger
+/// (every job's, and the log's own stream of checkpoints).
+pub async fn assert_last_versions_match(db: &TestDb, last: &HashMap<String, i64>) {
+    let ledger: HashMap<String, i64> = sqlx::query_as::<_, (Uuid, i64)>(
+        "SELECT job_id, version FROM jobledger.jobs UNION ALL \
+         SELECT job_id, max(version) FROM jobledger.events WHERE job_id = '00000000-0000-0000-0000-000000000000' \
+         GROUP BY job_id",
+    )
+            .fetch_all(db.ledger.pool())
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|(j, v)| (j.to_string(), v))
+            .collect();
+    assert_eq!(
+        last, &ledger,
+        "each job's last version on the topic is the ledger's"
+    );
+}
+
+pub async fn event_count(db: &TestDb) -> usize {
+    db.count("SELECT count(*) FROM jobledger.events").await as usize
 }
