@@ -133,13 +133,7 @@ async fn the_log_stream_reads_as_what_it_is() {
 #[tokio::test]
 async fn a_block_someone_else_wrote_is_never_signed_over() {
     let kit = new_kit().await;
-    for i in 0..300 {
-        kit.db
-            .ledger
-            .enqueue(new_job("r", None, json!({ "i": i })))
-            .await
-            .unwrap();
-    }
+    kit.enqueue_more("r", 300).await;
     let next = kit.db.count("SELECT count(*) FROM jobledger.merkle_blocks").await;
     let mut tx = kit.db.ledger.pool().begin().await.unwrap();
     sqlx::query("SET LOCAL ROLE jobledger_worker")
@@ -166,13 +160,7 @@ async fn a_block_someone_else_wrote_is_never_signed_over() {
 #[tokio::test]
 async fn a_missing_block_is_named() {
     let kit = new_kit().await;
-    for i in 0..300 {
-        kit.db
-            .ledger
-            .enqueue(new_job("r", None, json!({ "i": i })))
-            .await
-            .unwrap();
-    }
+    kit.enqueue_more("r", 300).await;
     kit.checkpoint().await;
     assert!(kit.db.count("SELECT count(*) FROM jobledger.merkle_blocks").await >= 2);
     kit.around("DELETE FROM jobledger.merkle_blocks WHERE block = 0")

@@ -12,12 +12,8 @@ pub async fn migrate(pool: &PgPool) -> StoreResult<()> {
         // A migrator without CREATEROLE on a cluster missing the roles: the
         // migrations themselves say what is wrong (or find nothing to do),
         // as they did before this step existed.
-        let denied = e
-            .as_database_error()
-            .and_then(|d| d.code())
-            .is_some_and(|c| c == "42501");
-        if !denied {
-            return Err(e.into());
+        if e.sqlstate().as_deref() != Some("42501") {
+            return Err(e);
         }
     }
     MIGRATOR.run(pool).await?;
@@ -32,7 +28,7 @@ pub async fn migrate(pool: &PgPool) -> StoreResult<()> {
 /// takes losing that race as success. (The migration keeps its own guard:
 /// its text is checksummed by every database that applied it.) Nothing is
 /// attempted, and so no CREATEROLE privilege needed, when the roles exist.
-async fn ensure_roles(pool: &PgPool) -> Result<(), sqlx::Error> {
+async fn ensure_roles(pool: &PgPool) -> StoreResult<()> {
     sqlx::query(
         r#"DO $$
 DECLARE r text;
@@ -72,12 +68,9 @@ pub async fn create_database_if_missing(opts: &PgConnectOptions) -> StoreResult<
             .await
         {
             // Another process may have created it between our check and now.
-            let duplicate = e
-                .as_database_error()
-                .and_then(|d| d.code())
-                .is_some_and(|c| c == "42P04");
-            if !duplicate {
-                return Err(e.into());
+            let e = super::StoreError::from(e);
+            if e.sqlstate().as_deref() != Some("42P04") {
+                return Err(e);
             }
         }
     }

@@ -33,6 +33,12 @@ impl Kit {
         step.signed.expect("a head was signed").head.tree_size
     }
 
+    /// `n` more jobs in `queue` (events past the kit's signed head).
+    pub async fn enqueue_more(&self, queue: &str, n: usize) {
+        let jobs = (0..n).map(|i| new_job(queue, None, json!({ "i": i }))).collect();
+        self.db.ledger.enqueue_many_as(jobs, "test").await.unwrap();
+    }
+
     pub fn path(&self, name: &str) -> PathBuf {
         self.dir.join(name)
     }
