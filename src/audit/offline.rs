@@ -8,12 +8,11 @@
 use ed25519_dalek::VerifyingKey;
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
-use std::io::BufRead;
 use std::path::Path;
 use uuid::Uuid;
 
 use super::export::{Header, Manifest, FORMAT};
-use super::lines::{parse_in_parallel, Parsed, Seen};
+use super::lines::{parse_in_parallel, read_header, Parsed, Seen};
 use super::{io, AuditError, AuditResult};
 use crate::domain::apply::apply_owned;
 use crate::domain::checkpoint::{Checkpoint, LOG_STREAM};
@@ -79,10 +78,6 @@ struct Held {
     origin: String,
     checkpoint: Checkpoint,
 }
-
-/// The largest leaf index a header may claim (far beyond any real log; it
-/// keeps the tree's arithmetic from overflowing on a forged header).
-const MAX_LEAVES: u64 = 1 << 48;
 
 pub struct Auditor<'a> {
     pubkey: Option<VerifyingKey>,
@@ -161,20 +156,17 @@ impl<'a> Auditor<'a> {
             inner: file,
             progress: self.progress.clone(),
         };
-        let reader = zstd::stream::read::Decoder::new(file).map_err(|e| io(path, e))?;
-        let mut lines = std::io::BufReader::with_capacity(1 << 20, reader).lines();
-        let first = lines
-            .next()
-            .ok_or_else(|| AuditError::BadInput(format!("{}: empty", self.file)))?
-            .map_err(|e| io(path, e))?;
-        let header: Header = serde_json::from_str(&first)
-            .map_err(|e| AuditError::BadInput(format!("{}: not a segment header: {e}", self.file)))?;
-        if header.from_index > MAX_LEAVES || header.checkpoint_sizes.iter().any(|s| *s > MAX_LEAVES) {
-            return Err(AuditError::BadInput(format!(
-                "{}: the header names leaves no log has",
-                self.file
-            )));
-        }
+        // From here on the file is the auditor's evidence: whatever is wrong
+        // with its content is a finding (exit 1), not a usage error (exit 2).
+        let header = match read_header(file) {
+            Ok(h) => h,
+            Err(why) => {
+                self.note(format!("line 1: {why}; the segment is not checked"));
+                self.report.segments += 1;
+                return Ok(());
+            }
+        };
+        let (header, lines) = header;
         self.begin(&header);
         let mut seg = SegmentSeen::default();
         let mut manifest = None;
@@ -201,46 +193,44 @@ impl<'a> Auditor<'a> {
                         seg.manifests += 1;
                         manifest = Some(m);
                     }
-                    Parsed::Bad(d) => {
-                        let at = self.frontier.as_ref().map(Frontier::size);
-                        self.find(at, None, None, d);
+                    Parsed::Bad(d) => self.bad_line(&seg, d),
+                    // A cut or corrupt file is a finding, not a usage error:
+                    // the segments after it are still checked.
+                    Parsed::Io(n, e) => {
+                        self.bad_line(&seg, format!("line {n}: the file cannot be read on ({e})"))
                     }
-                    Parsed::Io(e) => return Err(io(path, e)),
                 }
             }
             Ok(())
         })?;
         match manifest {
             Some(m) => self.end(&m, &header, &seg),
-            None => self.find(
-                None,
-                None,
-                None,
-                "the segment has no manifest (truncated?)".into(),
-            ),
+            None => self.note("the segment has no manifest (truncated?)".into()),
         }
         self.report.segments += 1;
         Ok(())
+    }
+
+    /// A finding of the segment as a whole (no leaf, position or job).
+    fn note(&mut self, detail: String) {
+        self.find(None, None, None, detail);
+    }
+
+    /// A line that is not one an export writes, at the leaf it interrupts.
+    fn bad_line(&mut self, seg: &SegmentSeen, d: String) {
+        let at = self.frontier.as_ref().map(Frontier::size);
+        let after = seg.last_position.map(|p| format!(", after position {p}"));
+        self.find(at, None, None, format!("{d}{}", after.unwrap_or_default()));
     }
 
     /// Starts a segment: continuity with the previous one, or the trusted
     /// prefix of a first segment that does not start at leaf 0.
     fn begin(&mut self, h: &Header) {
         if h.format != FORMAT {
-            self.find(
-                None,
-                None,
-                None,
-                format!("export format {} (this build reads {FORMAT})", h.format),
-            );
+            self.note(format!("export format {} (this build reads {FORMAT})", h.format));
         }
         if let Some(id) = self.log_id.filter(|id| *id != h.log_id) {
-            self.find(
-                None,
-                None,
-                None,
-                format!("segment of log {}, not of {id}", h.log_id),
-            );
+            self.note(format!("segment of log {}, not of {id}", h.log_id));
         }
         self.log_id = Some(h.log_id);
         self.wanted.extend(h.checkpoint_sizes.iter().copied());
@@ -279,6 +269,8 @@ impl<'a> Auditor<'a> {
                 if f.size() > 0 {
                     self.roots.insert(f.size(), f.root());
                 }
+                // An empty first segment ends where it starts.
+                self.report.end_index = f.size();
                 self.frontier = Some(f);
             }
         }
@@ -561,10 +553,7 @@ impl<'a> Auditor<'a> {
             }
         }
         if self.pubkey.is_some() && self.report.signed_through.is_none() && self.report.segments > 0 {
-            self.find(
-                None,
-                None,
-                None,
+            self.note(
                 "no head in the audited segments is signed by the key: nothing here is held to a signature \
                  (pass the heads you hold with --head)"
                     .into(),
