@@ -8,5 +8,6 @@ pub mod reader;
 pub mod rebuilt;
 pub mod relay;
 pub mod store;
+pub mod telemetry;
 pub mod wire_schema;
 pub mod worker;

@@ -6,7 +6,10 @@ mod serve;
 mod tools;
 
 use clap::Parser;
-use tracing_subscriber::EnvFilter;
+use tracing_subscriber::filter::{LevelFilter, Targets};
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::{EnvFilter, Layer};
 
 /// mimalloc: the offline audit allocates on its parsing thread and frees on
 /// the auditing one, which glibc's malloc serialised on an arena lock
@@ -16,11 +19,18 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 #[tokio::main]
 async fn main() {
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("warn")))
-        .init();
     let args = cli::args::Cli::parse();
+    let otlp = match args.otlp_endpoint.as_deref().filter(|e| !e.is_empty()) {
+        None => None,
+        Some(endpoint) => match jobledger::telemetry::Otlp::install(endpoint) {
+            Ok(o) => Some(o),
+            Err(e) => {
+                eprintln!("error: --otlp-endpoint {endpoint}: {e}");
+                std::process::exit(cli::output::BAD_INPUT);
+            }
+        },
+    };
+    init_logs(otlp.as_ref());
     let code = match cli::run::run(args).await {
         Ok(code) => code,
         Err(e) => {
@@ -28,5 +38,27 @@ async fn main() {
             cli::output::error_code(&e)
         }
     };
+    if let Some(o) = otlp {
+        // Exports what is buffered; blocking, and needs this runtime free.
+        let _ = tokio::task::spawn_blocking(move || o.shutdown()).await;
+    }
     std::process::exit(code);
+}
+
+/// Messages on stderr as RUST_LOG says (warnings by default). With traces
+/// on, jobledger's own spans also go to OpenTelemetry, whatever RUST_LOG
+/// says: each layer has its own filter, so the log's level never hides a
+/// span and a library's chatter never becomes one.
+fn init_logs(otlp: Option<&jobledger::telemetry::Otlp>) {
+    let logs = tracing_subscriber::fmt::layer()
+        .with_writer(std::io::stderr)
+        .with_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("warn")));
+    let spans = otlp.map(|o| {
+        o.layer().with_filter(
+            Targets::new()
+                .with_target("jobledger", LevelFilter::INFO)
+                .with_target("jobledger_consumers", LevelFilter::INFO),
+        )
+    });
+    tracing_subscriber::registry().with(logs).with(spans).init();
 }

@@ -31,6 +31,7 @@ fn to_row(e: &LogEvent) -> EventRow {
         prev_hash: e.prev_hash.clone(),
         hash: e.hash.clone(),
         schema: e.schema,
+        trace: None,
     }
 }
 

@@ -51,6 +51,7 @@ async fn every_relayed_message_validates_against_the_published_schema() {
         .enqueue(new_job("q", Some("k/1%"), json!({ "new": true })))
         .await
         .unwrap();
+    traced_enqueue(&db).await;
     assert!(db
         .claim_one("w")
         .await
@@ -105,6 +106,14 @@ async fn every_relayed_message_validates_against_the_published_schema() {
     .await;
     stop.cancel();
     running.await.unwrap();
+    let traced = got
+        .values()
+        .filter(|(h, b)| h.get("traceparent").is_some() && b["data"].get("traceparent").is_some());
+    assert_eq!(
+        traced.count(),
+        1,
+        "the traced enqueue's message carries its trace"
+    );
 
     let mut kinds = BTreeSet::new();
     for (position, (headers, body)) in &got {
@@ -147,4 +156,27 @@ async fn every_relayed_message_validates_against_the_published_schema() {
     let mut relabelled = v1.clone();
     relabelled["schema"] = json!(2);
     assert!(!body_schema.is_valid(&relabelled));
+}
+
+/// A job enqueued with tracing on: its `enqueued` event carries the
+/// `traceparent`, and the relay sends the event's span as a header (here
+/// passed through: the relay of this test does not trace).
+async fn traced_enqueue(db: &common::TestDb) {
+    use opentelemetry::trace::TracerProvider as _;
+    use tracing::Instrument;
+    use tracing_subscriber::layer::SubscriberExt;
+    let provider = opentelemetry_sdk::trace::SdkTracerProvider::builder().build();
+    let subscriber = tracing_subscriber::registry()
+        .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("test")));
+    // This test's runtime has one thread: the default holds for the enqueue.
+    let _default = tracing::subscriber::set_default(subscriber);
+    jobledger::telemetry::set_enabled(true);
+    let e = db
+        .ledger
+        .enqueue(new_job("q", None, json!({ "traced": true })))
+        .instrument(tracing::info_span!("caller"))
+        .await
+        .unwrap();
+    jobledger::telemetry::set_enabled(false);
+    assert!(e.job.traceparent.is_some(), "the enqueue was traced");
 }

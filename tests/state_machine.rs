@@ -278,7 +278,7 @@ proptest! {
             queue: "q".into(), kind: "k".into(), job_key: Some("key".into()), payload: json!({"a": 1}),
             priority: 0, run_at: None, delay_ms: None, policy: Some(policy.clone()), concurrency_key: None, unique_for_ms: None,
         };
-        let first = decide_enqueue(uuid::Uuid::now_v7(), 7, &new, &policy, &Ctx { now, actor: "api".into(), jitter });
+        let first = decide_enqueue(uuid::Uuid::now_v7(), 7, &new, &policy, &Ctx { now, actor: "api".into(), jitter, trace: None });
         let mut job = apply(None, &first).unwrap();
         let mut events = vec![first];
         let mut observed: HashMap<String, String> = HashMap::new();
@@ -293,7 +293,7 @@ proptest! {
             }
             let cmd = command(&job, op, &observed).unwrap();
             let before = job.clone();
-            match decide(&job, &cmd, &Ctx { now, actor: "t".into(), jitter }) {
+            match decide(&job, &cmd, &Ctx { now, actor: "t".into(), jitter, trace: None }) {
                 Ok(ev) => {
                     // A writer that does not hold the current token changes
                     // nothing but observations.
@@ -351,7 +351,7 @@ proptest! {
             queue: "q".into(), kind: "k".into(), job_key: key, payload: json!({"n": n, "f": f, "t": text, "z": [1, {"b": 2, "a": null}]}),
             priority: 0, run_at: None, delay_ms: None, policy: None, concurrency_key: None, unique_for_ms: None,
         };
-        let ctx = Ctx { now: Utc::now(), actor, jitter: 0.5 };
+        let ctx = Ctx { now: Utc::now(), actor, jitter: 0.5, trace: None };
         let ev = decide_enqueue(uuid::Uuid::now_v7(), 3, &new, &Policy::default(), &ctx);
         let spec = jobledger::domain::digest::covered_value(&ev);
         let expected = {

@@ -63,6 +63,7 @@ impl World {
             now: self.now,
             actor: "t".into(),
             jitter: 0.5,
+            trace: None,
         }
     }
 
@@ -226,6 +227,7 @@ fn build(shape: &[(Vec<usize>, DependencyPolicy)]) -> World {
         now,
         actor: "api".into(),
         jitter: 0.0,
+        trace: None,
     };
     let policy = Policy {
         max_attempts: 1,

@@ -16,6 +16,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use crate::decode::{decode, JobEvent};
 use crate::fence;
@@ -330,6 +331,26 @@ impl FencedConsumer {
     /// can never apply is dead-lettered with its error, and the consumer
     /// goes on.
     pub async fn process<H: EventHandler>(
+        &self,
+        m: &BorrowedMessage<'_>,
+        handler: &H,
+        shutdown: &CancellationToken,
+    ) -> Result<Outcome, sqlx::Error> {
+        // The job's trace goes on here: the relay's publish span is this
+        // span's parent, and the handler runs inside it.
+        let span = tracing::info_span!(
+            "consume",
+            otel.name = "jobledger.consume",
+            group = %self.cfg.group,
+            partition = m.partition(),
+            offset = m.offset()
+        );
+        let parent = crate::decode::header(m, crate::trace::TRACEPARENT).ok();
+        crate::trace::adopt(&span, parent.as_deref());
+        self.process_retrying(m, handler, shutdown).instrument(span).await
+    }
+
+    async fn process_retrying<H: EventHandler>(
         &self,
         m: &BorrowedMessage<'_>,
         handler: &H,

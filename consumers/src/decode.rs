@@ -32,6 +32,11 @@ pub struct JobEvent {
     pub body: Value,
     pub partition: i32,
     pub offset: i64,
+    /// The W3C trace context the relay sent (`traceparent` header), if any:
+    /// the job's trace, for a handler that continues it by hand. With an
+    /// OpenTelemetry layer installed, the handler already runs in a span
+    /// of that trace (`jobledger.consume`).
+    pub traceparent: Option<String>,
 }
 
 impl JobEvent {
@@ -62,7 +67,7 @@ pub enum DecodeError {
     BadField(&'static str),
 }
 
-fn header(m: &BorrowedMessage<'_>, name: &'static str) -> Result<String, DecodeError> {
+pub(crate) fn header(m: &BorrowedMessage<'_>, name: &'static str) -> Result<String, DecodeError> {
     let headers = m.headers().ok_or(DecodeError::MissingHeader(name))?;
     let h = headers
         .iter()
@@ -110,6 +115,7 @@ pub fn decode_parts(
         .to_string();
     let (epoch, token, version, position) = (int("epoch")?, int("token")?, int("version")?, int("position")?);
     let kind = text("type")?;
+    let traceparent = text(crate::trace::TRACEPARENT).ok();
     let payload = payload.ok_or(DecodeError::NoPayload)?;
     let body: Value = serde_json::from_slice(payload).map_err(|e| DecodeError::NotJson(e.to_string()))?;
     if !body.is_object() {
@@ -179,5 +185,6 @@ pub fn decode_parts(
         body,
         partition,
         offset,
+        traceparent,
     })
 }

@@ -13,6 +13,7 @@ pub mod decode;
 pub mod fence;
 pub mod schema;
 pub mod shipped;
+pub mod trace;
 
 pub use consumer::{
     ConsumerConfig, ConsumerCounters, EventHandler, FencedConsumer, Handled, HandlerError, Outcome,

@@ -407,6 +407,7 @@ fn log_row(ev: checkpoint::CheckpointEvent) -> EventRow {
         prev_hash: ev.prev_hash,
         hash: ev.hash,
         schema: ev.schema,
+        trace: None,
     }
 }
 

@@ -3,6 +3,7 @@
 use clap::{Args, Parser, Subcommand};
 use uuid::Uuid;
 
+pub use crate::cli::admin_args::{QueueCmd, TokenCmd, Who};
 use crate::cli::parse;
 use jobledger::domain::{ErrorClass, ExpiryPolicy, ReceiptPolicy, ReceiptStatus};
 
@@ -19,6 +20,10 @@ pub struct Cli {
     /// Largest accepted payload/result/observation, canonical JSON bytes.
     #[arg(long, env = "JOBLEDGER_MAX_PAYLOAD", default_value_t = 1024 * 1024, global = true)]
     pub max_payload_bytes: usize,
+    /// Export traces over OTLP/gRPC to this collector (e.g.
+    /// http://127.0.0.1:4317); without it nothing is traced.
+    #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT", global = true)]
+    pub otlp_endpoint: Option<String>,
     #[command(subcommand)]
     pub command: Cmd,
 }
@@ -508,90 +513,4 @@ pub enum Cmd {
         #[arg(long, default_value = "127.0.0.1:9092")]
         brokers: String,
     },
-}
-
-#[derive(clap::Subcommand, Debug)]
-pub enum TokenCmd {
-    /// Creates a token; prints it once (only its hash is stored).
-    Create {
-        #[arg(long, value_parser = ["reader", "worker", "operator", "admin"])]
-        role: String,
-        #[arg(long)]
-        name: String,
-    },
-    /// Revokes a token: from now on it is refused.
-    Revoke {
-        #[arg(long)]
-        name: String,
-    },
-    /// Every token's name, role and dates (never the token).
-    List,
-}
-
-#[derive(Subcommand, Debug)]
-pub enum QueueCmd {
-    Pause {
-        queue: String,
-        #[arg(long)]
-        reason: String,
-        #[arg(long)]
-        operator: String,
-    },
-    Resume {
-        queue: String,
-        #[arg(long)]
-        reason: String,
-        #[arg(long)]
-        operator: String,
-    },
-    /// Cap how many jobs with the same concurrency key are leased at once.
-    Limit {
-        queue: String,
-        /// The limit's name (setting it again changes it).
-        name: String,
-        #[arg(long)]
-        max: i32,
-        /// Only jobs of this kind.
-        #[arg(long)]
-        kind: Option<String>,
-        /// Only keys matching this glob (`*`, `?`).
-        #[arg(long)]
-        key: Option<String>,
-        #[command(flatten)]
-        who: Who,
-    },
-    Unlimit {
-        queue: String,
-        name: String,
-        #[command(flatten)]
-        who: Who,
-    },
-    /// At most --max claims per --per across every worker.
-    Rate {
-        queue: String,
-        #[arg(long)]
-        max: i32,
-        #[arg(long, value_parser = parse::lease)]
-        per: std::time::Duration,
-        #[command(flatten)]
-        who: Who,
-    },
-    Unrate {
-        queue: String,
-        #[command(flatten)]
-        who: Who,
-    },
-    /// Every queue ever controlled, with its state.
-    List,
-    /// A queue's pauses and resumes, oldest first.
-    History { queue: String },
-}
-
-/// Who changes a control and why (recorded in its stream).
-#[derive(Args, Debug, Clone)]
-pub struct Who {
-    #[arg(long, env = "JOBLEDGER_OPERATOR")]
-    pub operator: String,
-    #[arg(long)]
-    pub reason: String,
 }

@@ -1,3 +1,4 @@
+pub mod admin_args;
 pub mod args;
 pub mod audit;
 pub mod consume;

@@ -137,6 +137,10 @@ pub struct LeaseGrant {
     pub lease_until: Option<String>,
     /// The last progress step the previous holder recorded.
     pub step: Option<String>,
+    /// The claim's span (W3C trace context) when the server traces: pass
+    /// it on (as `traceparent`) so the handler's spans join the job's trace.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub traceparent: Option<String>,
 }
 
 impl From<&Job> for LeaseGrant {
@@ -153,7 +157,17 @@ impl From<&Job> for LeaseGrant {
             payload: j.payload.clone(),
             lease_until: j.lease_until.map(fmt_time),
             step: j.step.clone(),
+            traceparent: None,
         }
+    }
+}
+
+impl LeaseGrant {
+    /// The grant of a claimed lease, with its claim's trace.
+    pub fn of(l: &jobledger::ledger::Lease) -> Option<Self> {
+        let mut g = LeaseGrant::from(l.job()?);
+        g.traceparent = l.trace().map(str::to_owned);
+        Some(g)
     }
 }
 

@@ -3,6 +3,7 @@
 use anyhow::{Context, Result};
 use serde_json::json;
 use std::time::Duration;
+use tracing::Instrument;
 
 use super::args::{Cli, Cmd, FenceArgs, TokenCmd};
 use super::output::{self, line, outcome_code, write_json, BadInput};
@@ -210,7 +211,11 @@ async fn enqueue(ledger: &Ledger, cli: &Cli) -> Result<i32> {
                 concurrency_key: concurrency_key.clone(),
                 unique_for_ms: unique_for.map(ms),
             };
-            let e = ledger.enqueue(new).await?;
+            // A script already in a trace names it in TRACEPARENT (as
+            // OpenTelemetry's environment propagation does); the job joins it.
+            let span = tracing::info_span!("cli", otel.name = "jobledger enqueue");
+            jobledger::telemetry::adopt(&span, std::env::var("TRACEPARENT").ok().as_deref());
+            let e = ledger.enqueue(new).instrument(span).await?;
             line(&output::enqueued_json(&e));
             Ok(output::OK)
         }
@@ -228,8 +233,9 @@ async fn lease_writes(ledger: &Ledger, cli: &Cli) -> Result<i32> {
             limit,
         } => {
             for l in ledger.claim(queue, worker, *lease, *limit).await? {
-                let j = l.job().expect("claimed leases carry their job");
-                line(&json!(output::LeaseGrant::from(j)));
+                line(&json!(
+                    output::LeaseGrant::of(&l).expect("claimed leases carry their job")
+                ));
             }
             Ok(output::OK)
         }

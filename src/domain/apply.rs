@@ -387,6 +387,7 @@ fn first(ev: &Event) -> Result<Job, ApplyError> {
         policy,
         workflow,
         admission,
+        traceparent,
     } = &ev.body
     else {
         return Err(ApplyError::MissingEnqueue(ev.body.type_name()));
@@ -446,5 +447,6 @@ fn first(ev: &Event) -> Result<Job, ApplyError> {
         last_hash: ev.hash.clone(),
         workflow: workflow.map(WorkflowTie::membership),
         admission: admission.clone(),
+        traceparent: traceparent.clone(),
     })
 }

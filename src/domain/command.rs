@@ -207,6 +207,9 @@ pub struct Ctx {
     pub now: DateTime<Utc>,
     pub actor: String,
     pub jitter: f64,
+    /// The trace context of the span deciding (W3C `traceparent`), when
+    /// tracing is on; only an enqueue keeps it (in its event).
+    pub trace: Option<String>,
 }
 
 wire_enum!(

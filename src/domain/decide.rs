@@ -116,6 +116,7 @@ pub fn decide_enqueue_tied(
             policy: policy.clone(),
             workflow: tie.cloned().map(Box::new),
             admission: admission_of(new, ctx),
+            traceparent: ctx.trace.clone(),
         },
         prev_hash: None,
         hash: String::new(),

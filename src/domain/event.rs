@@ -32,6 +32,11 @@ pub enum EventBody {
         /// window (issue 13), for the same reason.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         admission: Option<Admission>,
+        /// The W3C trace context of the span that enqueued the job (issue
+        /// 16), so its claim, handler and writes continue that trace.
+        /// Absent when tracing was off, for the same reason as above.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        traceparent: Option<String>,
     },
     Claimed {
         holder: String,

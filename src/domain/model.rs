@@ -221,4 +221,8 @@ pub struct Job {
     /// Its concurrency key and uniqueness window (from the `enqueued` event).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub admission: Option<super::admission::Admission>,
+    /// The trace the job belongs to (from its `enqueued` event): its claim
+    /// and handler continue it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traceparent: Option<String>,
 }

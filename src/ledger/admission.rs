@@ -16,12 +16,11 @@ use std::collections::{BTreeSet, HashMap};
 use sqlx::PgConnection;
 use uuid::Uuid;
 
-use super::engine::decide_and_write;
 use super::error::LedgerResult;
 use super::lease::Lease;
 use super::Ledger;
 use crate::domain::admission::RateLimit;
-use crate::domain::{Command, Job, JobState};
+use crate::domain::{Job, JobState};
 use crate::store::admission::{self as adm, Candidate};
 use crate::store::jobs::Locked;
 use crate::store::StoreError;
@@ -44,6 +43,7 @@ impl Ledger {
         lease_ms: i64,
         limit: i64,
     ) -> LedgerResult<Vec<Lease>> {
+        let started = std::time::SystemTime::now();
         let mut tx = self.pool.begin().await?;
         let rate = rate_terms(&mut tx, queue).await?;
         let mut limit = limit;
@@ -58,20 +58,13 @@ impl Ledger {
         let keys = self.walk_keys(&mut tx, queue, pool).await?;
         let candidates = adm::lock_candidates(&mut tx, queue, holder, pool, &keys).await?;
         let chosen = admit(&mut tx, queue, candidates, limit).await?;
-        let cmd = |_: &Job| Command::Claim {
-            holder: holder.to_string(),
-            lease_ms,
-        };
-        let results = decide_and_write(&mut tx, chosen, holder, cmd).await?;
+        let (results, spans) = super::ops::write_claims(&mut tx, chosen, holder, lease_ms, started).await?;
         let granted = results.iter().filter(|r| r.committed()).count() as i64;
         if let (Some(r), true) = (rate, granted > 0) {
             adm::record_rate(&mut tx, queue, granted, r.per_ms).await?;
         }
         tx.commit().await?;
-        Ok(results
-            .iter()
-            .filter_map(|r| Lease::from_claim(self, r))
-            .collect())
+        Ok(self.leases_of(&results, spans))
     }
 }
 

@@ -73,6 +73,7 @@ pub(crate) fn ctx(now: chrono::DateTime<chrono::Utc>, actor: &str) -> Ctx {
         now,
         actor: actor.to_string(),
         jitter: rand::thread_rng().gen(),
+        trace: None,
     }
 }
 
@@ -120,11 +121,11 @@ pub(crate) async fn write_wave(
                     StoreError::Corrupt(format!("decide produced an event apply refuses: {e}"))
                 })?;
                 if matches!(ev.body, EventBody::Purged {}) {
-                    purge_evs.push(EventRow::from(ev));
+                    purge_evs.push(super::enqueue::traced(EventRow::from(ev)));
                     gone.push(job.job_id);
                     graves.push(TombstoneRow::of(&after, ev.recorded_at));
                 } else {
-                    evs.push(EventRow::from(ev));
+                    evs.push(super::enqueue::traced(EventRow::from(ev)));
                     prev.push(job);
                     next.push(JobRow::from(&after));
                 }

@@ -141,6 +141,12 @@ impl Ledger {
     }
 }
 
+/// An event row stamped with the span writing it (when tracing is on).
+pub(crate) fn traced(mut row: EventRow) -> EventRow {
+    row.trace = crate::telemetry::write_trace(row.job_id);
+    row
+}
+
 /// The actor of a schedule's firings (the only one that may use slot keys).
 pub(crate) const SCHEDULER: &str = "scheduler";
 
@@ -149,6 +155,7 @@ type AfterEpochs = std::sync::Arc<dyn Fn() -> crate::worker::BoxFuture<()> + Sen
 /// Decides and inserts new jobs (already checked against the limits): the
 /// enqueue proper, also used for a workflow's fan-in, which the ledger
 /// creates itself in the transaction of the last step's end.
+#[instrument(name = "jobledger.enqueue", skip_all, fields(n = items.len(), actor = %actor))]
 pub(crate) async fn insert_drafts(
     conn: &mut PgConnection,
     items: Vec<(NewJob, Option<(Uuid, WorkflowTie)>)>,
@@ -181,6 +188,10 @@ pub(crate) async fn insert_drafts(
         now,
         actor: actor.into(),
         jitter: 0.0,
+        // The job joins the trace of the span enqueueing it (this one).
+        trace: crate::telemetry::enabled()
+            .then(crate::telemetry::current)
+            .flatten(),
     };
     let mut drafts = Vec::with_capacity(news.len());
     for ((new, epoch), tie) in news.iter().zip(epochs).zip(&ties) {
@@ -200,7 +211,7 @@ pub(crate) async fn insert_drafts(
         drafts.push((ev, job));
     }
     let rows: Vec<JobRow> = drafts.iter().map(|(_, j)| JobRow::from(j)).collect();
-    let evs: Vec<EventRow> = drafts.iter().map(|(e, _)| EventRow::from(e)).collect();
+    let evs: Vec<EventRow> = drafts.iter().map(|(e, _)| traced(EventRow::from(e))).collect();
     let inserted: HashMap<Uuid, i64> = jobs::insert_new_jobs(conn, rows, evs)
         .await?
         .into_iter()
@@ -273,7 +284,7 @@ async fn insert_one(
     ev: &crate::domain::Event,
     job: &Job,
 ) -> LedgerResult<Option<Enqueued>> {
-    let at = jobs::insert_new_jobs(conn, vec![JobRow::from(job)], vec![EventRow::from(ev)]).await?;
+    let at = jobs::insert_new_jobs(conn, vec![JobRow::from(job)], vec![traced(EventRow::from(ev))]).await?;
     Ok(at.first().map(|(_, position)| Enqueued {
         job: job.clone(),
         created: true,

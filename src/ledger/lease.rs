@@ -23,6 +23,9 @@ pub struct Lease {
     claimed: Option<Job>,
     /// The claim took an expired lease over (rather than a queued job).
     taken_over: bool,
+    /// The span the lease's writes descend from (W3C `traceparent`): the
+    /// claim's, or the handler's once it runs. `None` when tracing is off.
+    trace: Option<String>,
 }
 
 pub(crate) fn millis(d: Duration) -> i64 {
@@ -48,6 +51,7 @@ impl Lease {
             holder: job.holder.clone().unwrap_or_default(),
             claimed: Some(job),
             taken_over,
+            trace: None,
         })
     }
 
@@ -61,6 +65,7 @@ impl Lease {
             holder: holder.into(),
             claimed: None,
             taken_over: false,
+            trace: None,
         }
     }
 
@@ -76,6 +81,15 @@ impl Lease {
     /// The job as claimed: payload, kind, key, attempt, next action, lease end.
     pub fn job(&self) -> Option<&Job> {
         self.claimed.as_ref()
+    }
+    /// The trace context its writes continue (see the field).
+    pub fn trace(&self) -> Option<&str> {
+        self.trace.as_deref()
+    }
+    /// This lease, its writes continuing `trace` (the handler's span).
+    pub fn under(mut self, trace: Option<String>) -> Self {
+        self.trace = trace;
+        self
     }
     /// Whether this lease came from taking over an expired one.
     pub fn taken_over(&self) -> bool {
@@ -228,6 +242,18 @@ impl Lease {
                 ledger.limits.json("result", r)?;
             }
         }
+        // Each completion under its own span, a child of its handler's.
+        let spans = crate::telemetry::Spans::start(
+            "jobledger.complete",
+            std::time::SystemTime::now(),
+            items.iter().map(|(l, _)| {
+                (
+                    l.job_id,
+                    l.trace(),
+                    crate::telemetry::job_attrs(l.job_id, l.fence.epoch, l.fence.token),
+                )
+            }),
+        );
         let cmds = items
             .into_iter()
             .map(|(l, result)| {
@@ -241,7 +267,10 @@ impl Lease {
                 )
             })
             .collect();
-        transition_many(&ledger.pool, cmds).await
+        let out =
+            crate::telemetry::with_write_traces(spans.traces(), transition_many(&ledger.pool, cmds)).await;
+        spans.end();
+        out
     }
 
     /// Extends several leases in one transaction, each fenced on its own.

@@ -12,8 +12,11 @@ use super::error::{LedgerError, LedgerResult};
 use super::lease::{millis, Lease};
 use super::Ledger;
 use crate::domain::{Command, Event, Fence, Job, ReceiptStatus};
+use crate::store::jobs::Locked;
 use crate::store::rejections::{self, RejectionRow};
 use crate::store::{events, jobs, tombstones, TombstoneRow};
+use crate::telemetry::{self, Spans};
+use sqlx::PgConnection;
 
 /// One event of a job's history, with its global position.
 #[derive(Debug, Clone, Serialize)]
@@ -52,11 +55,42 @@ pub enum Found {
     Purged(TombstoneRow),
 }
 
+/// Decides and writes the claims of the locked jobs, each under its own
+/// `jobledger.claim` span: a child of its job's enqueue, from `started` (the
+/// claim's start) to the caller's commit. Its `claimed` event names it.
+pub(super) async fn write_claims(
+    conn: &mut PgConnection,
+    locked: Vec<Locked>,
+    holder: &str,
+    lease_ms: i64,
+    started: std::time::SystemTime,
+) -> LedgerResult<(Vec<WriteResult>, Spans)> {
+    let spans = Spans::start(
+        "jobledger.claim",
+        started,
+        locked.iter().map(|l| {
+            let mut attrs = telemetry::job_attrs(l.row.job_id, l.row.epoch, l.row.token + 1);
+            attrs.push(opentelemetry::KeyValue::new("queue", l.row.queue.clone()));
+            attrs.push(opentelemetry::KeyValue::new("holder", holder.to_string()));
+            (l.row.job_id, l.row.traceparent.as_deref(), attrs)
+        }),
+    );
+    let cmd = |_: &Job| Command::Claim {
+        holder: holder.to_string(),
+        lease_ms,
+    };
+    let results =
+        telemetry::with_write_traces(spans.traces(), decide_and_write(conn, locked, holder, cmd)).await?;
+    Ok((results, spans))
+}
+
 impl Ledger {
     /// Claims up to `limit` jobs of `queue`: expired leases under the
     /// reconcile policy first (taken over, next action reconcile), then due
     /// queued jobs. One short transaction; nothing is held afterwards.
-    #[instrument(skip(self), fields(queue = %queue, holder = %holder))]
+    // Debug: a worker polls; each claimed job has its own `jobledger.claim`
+    // span (a trace per poll would bury them).
+    #[instrument(level = "debug", skip(self), fields(queue = %queue, holder = %holder))]
     pub async fn claim(
         &self,
         queue: &str,
@@ -71,10 +105,7 @@ impl Ledger {
             return Ok(vec![]);
         }
         let lease_ms = millis(lease);
-        let cmd = |_: &Job| Command::Claim {
-            holder: holder.to_string(),
-            lease_ms,
-        };
+        let started = std::time::SystemTime::now();
         let mut tx = self.pool.begin().await?;
         let locked = jobs::lock_claimable(&mut tx, queue, holder, limit).await?;
         if locked.is_empty() {
@@ -86,12 +117,24 @@ impl Ledger {
             }
             return Ok(vec![]);
         }
-        let results = decide_and_write(&mut tx, locked, holder, cmd).await?;
+        let (results, spans) = write_claims(&mut tx, locked, holder, lease_ms, started).await?;
         tx.commit().await?;
-        Ok(results
+        Ok(self.leases_of(&results, spans))
+    }
+
+    /// The leases the committed claims handed out, each continuing its own
+    /// claim span (which ends here, with the claim's commit).
+    pub(super) fn leases_of(&self, results: &[WriteResult], spans: Spans) -> Vec<Lease> {
+        let leases = results
             .iter()
             .filter_map(|r| Lease::from_claim(self, r))
-            .collect())
+            .map(|l| {
+                let trace = spans.trace(l.job_id());
+                l.under(trace)
+            })
+            .collect();
+        spans.end();
+        leases
     }
 
     pub(super) async fn transition(
@@ -274,7 +317,7 @@ impl Ledger {
 
     /// One pass of the sweeper: lease-expiry policies other than reconcile,
     /// exhausted leases, and receipt deadlines. Returns what it changed.
-    #[instrument(skip(self))]
+    #[instrument(level = "debug", skip(self))]
     pub async fn sweep(&self, batch: i64) -> LedgerResult<Vec<WriteResult>> {
         let mut conn = self.pool.acquire().await?;
         self.sweep_on(&mut conn, batch).await
@@ -307,7 +350,7 @@ impl Ledger {
     /// Purges terminal jobs that ended more than `older_than` ago: appends a
     /// `purged` event, deletes the projection row, keeps a tombstone. The
     /// events stay in the log.
-    #[instrument(skip(self))]
+    #[instrument(level = "debug", skip(self))]
     pub async fn purge(&self, older_than: Duration, batch: i64) -> LedgerResult<u64> {
         let mut purged = 0;
         loop {

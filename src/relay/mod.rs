@@ -22,6 +22,7 @@ use uuid::Uuid;
 use crate::ledger::{Ledger, LedgerError};
 use crate::reader::{LogReader, ReaderLease};
 use crate::store::jobs;
+use crate::telemetry::{self, ItemSpan};
 use crate::worker::BoxFuture;
 
 #[derive(Debug, thiserror::Error)]
@@ -239,7 +240,7 @@ impl Relay {
         &self,
         producer: &FutureProducer,
         events: &[crate::reader::LogEvent],
-    ) -> Result<Vec<(i64, rdkafka::producer::DeliveryFuture)>, RelayError> {
+    ) -> Result<Vec<Pending>, RelayError> {
         let mut ids: Vec<Uuid> = events.iter().map(|e| e.row.job_id).collect();
         ids.sort();
         ids.dedup();
@@ -253,7 +254,13 @@ impl Relay {
         for e in events {
             let k = keys.get(&e.row.job_id).cloned().unwrap_or_default();
             let tie = k.parent.as_deref().zip(k.step.as_deref());
-            let m = message::message(e, &k.queue, k.job_key.as_deref(), tie);
+            let mut m = message::message(e, &k.queue, k.job_key.as_deref(), tie);
+            let span = publish_span(e, &k.queue);
+            // The consumer's span is a child of this publish, or (relay
+            // not tracing) of the write that made the event.
+            if let Some(tp) = span.traceparent().or_else(|| e.row.trace.clone()) {
+                m.headers.push((telemetry::TRACEPARENT, tp));
+            }
             let mut headers = OwnedHeaders::new_with_capacity(m.headers.len());
             for (k, v) in &m.headers {
                 headers = headers.insert(Header {
@@ -268,7 +275,7 @@ impl Relay {
             loop {
                 match producer.send_result(record) {
                     Ok(f) => {
-                        pending.push((e.position, f));
+                        pending.push((e.position, f, span));
                         break;
                     }
                     Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r)) => {
@@ -284,14 +291,11 @@ impl Relay {
     }
 
     /// Waits until the broker acknowledged every message of a batch.
-    async fn acks(
-        &self,
-        producer: &FutureProducer,
-        pending: Vec<(i64, rdkafka::producer::DeliveryFuture)>,
-    ) -> Result<(), RelayError> {
-        for (position, f) in pending {
+    async fn acks(&self, producer: &FutureProducer, pending: Vec<Pending>) -> Result<(), RelayError> {
+        for (position, f, span) in pending {
             match f.await {
                 Ok(Ok(d)) => {
+                    span.end_at(std::time::SystemTime::now());
                     tracing::trace!(
                         position,
                         partition = d.partition,
@@ -327,4 +331,21 @@ impl Relay {
             }
         }
     }
+}
+
+/// A message handed to the producer: its position, its delivery, and its
+/// publish span (ended at the broker's acknowledgement).
+type Pending = (i64, rdkafka::producer::DeliveryFuture, ItemSpan);
+
+/// `jobledger.publish`, a child of the span that wrote the event; none for
+/// an event written without tracing (nothing to continue).
+fn publish_span(e: &crate::reader::LogEvent, queue: &str) -> ItemSpan {
+    let Some(parent) = e.row.trace.as_deref().filter(|_| telemetry::enabled()) else {
+        return ItemSpan::none();
+    };
+    let mut attrs = telemetry::job_attrs(e.row.job_id, e.row.epoch, e.row.token);
+    attrs.push(opentelemetry::KeyValue::new("position", e.position));
+    attrs.push(opentelemetry::KeyValue::new("type", e.row.kind.clone()));
+    attrs.push(opentelemetry::KeyValue::new("queue", queue.to_string()));
+    ItemSpan::start("jobledger.publish", Some(parent), attrs)
 }

@@ -240,7 +240,30 @@ fn router(app: App) -> Router {
             )
         })
         .layer(DefaultBodyLimit::max(limit))
+        .layer(axum::middleware::from_fn(traced))
         .with_state(app)
+}
+
+/// With tracing on, each request is a span that continues the caller's
+/// trace (its `traceparent` header): a job enqueued here joins the trace
+/// of the service that asked for it. A malformed header starts a new trace.
+async fn traced(req: axum::extract::Request, next: axum::middleware::Next) -> axum::response::Response {
+    use tracing::Instrument;
+    if !jobledger::telemetry::enabled() {
+        return next.run(req).await;
+    }
+    let route = req
+        .extensions()
+        .get::<axum::extract::MatchedPath>()
+        .map_or_else(|| req.uri().path().to_string(), |p| p.as_str().to_string());
+    let name = format!("{} {route}", req.method());
+    let span = tracing::info_span!("request", otel.name = %name, otel.kind = "server", http.route = %route);
+    let parent = req
+        .headers()
+        .get(jobledger::telemetry::TRACEPARENT)
+        .and_then(|v| v.to_str().ok());
+    jobledger::telemetry::adopt(&span, parent);
+    next.run(req).instrument(span).await
 }
 
 /// Serves until `stop` (SIGTERM / Ctrl-C), then drains open requests for at

@@ -101,10 +101,7 @@ pub async fn claim(
         .claim(&queue, &holder, Duration::from_millis(b.lease_ms), b.limit as i64)
         .await?;
     Ok(Json(Claimed {
-        leases: leases
-            .iter()
-            .filter_map(|l| l.job().map(LeaseGrant::from))
-            .collect(),
+        leases: leases.iter().filter_map(LeaseGrant::of).collect(),
     }))
 }
 

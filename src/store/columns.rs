@@ -40,6 +40,7 @@ pub const JOB_TYPES: &[&str] = &[
     "text",
     "jsonb",
     "jsonb",
+    "text",
 ];
 
 pub const EVENT_TYPES: &[&str] = &[
@@ -60,6 +61,7 @@ pub const EVENT_TYPES: &[&str] = &[
     "text",
     "text",
     "int2",
+    "text",
 ];
 
 /// `UNNEST($from::t1[], ...)` over `types`.
@@ -104,6 +106,7 @@ pub struct JobArrays {
     pub last_hash: Vec<String>,
     pub workflow: Vec<Option<Value>>,
     pub admission: Vec<Option<Value>>,
+    pub traceparent: Vec<Option<String>>,
 }
 
 impl JobArrays {
@@ -140,6 +143,7 @@ impl JobArrays {
             a.last_hash.push(r.last_hash);
             a.workflow.push(r.workflow);
             a.admission.push(r.admission);
+            a.traceparent.push(r.traceparent);
         }
         a
     }
@@ -179,6 +183,7 @@ impl JobArrays {
             .bind(self.last_hash)
             .bind(self.workflow)
             .bind(self.admission)
+            .bind(self.traceparent)
     }
 }
 
@@ -201,6 +206,7 @@ pub struct EventArrays {
     pub prev_hash: Vec<Option<String>>,
     pub hash: Vec<String>,
     pub schema: Vec<i16>,
+    pub trace: Vec<Option<String>>,
 }
 
 impl EventArrays {
@@ -224,6 +230,7 @@ impl EventArrays {
             a.prev_hash.push(r.prev_hash);
             a.hash.push(r.hash);
             a.schema.push(r.schema);
+            a.trace.push(r.trace);
         }
         a
     }
@@ -250,5 +257,6 @@ impl EventArrays {
             .bind(self.prev_hash)
             .bind(self.hash)
             .bind(self.schema)
+            .bind(self.trace)
     }
 }

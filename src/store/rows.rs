@@ -11,10 +11,10 @@ use crate::domain::{Event, EventBody, Job, JobState, NextAction, Reason};
 
 pub const JOB_COLUMNS: &str = "job_id, queue, kind, job_key, epoch, token, run, attempt, state, priority, \
      payload, payload_digest, policy, run_at, lease_until, holder, next_action, step, receipt_id, \
-     receipt_deadline, result, release, last_error, reason, created_at, updated_at, version, last_hash, workflow, admission";
+     receipt_deadline, result, release, last_error, reason, created_at, updated_at, version, last_hash, workflow, admission, traceparent";
 
 pub const EVENT_COLUMNS: &str = "job_id, version, type, from_state, to_state, reason, error_class, actor, \
-     epoch, token, attempt, run, data, recorded_at, prev_hash, hash, schema";
+     epoch, token, attempt, run, data, recorded_at, prev_hash, hash, schema, trace";
 
 #[derive(Debug, Clone, Serialize, Deserialize, sqlx::FromRow)]
 pub struct JobRow {
@@ -48,6 +48,9 @@ pub struct JobRow {
     pub last_hash: String,
     pub workflow: Option<Value>,
     pub admission: Option<Value>,
+    #[serde(default)]
+    #[sqlx(default)]
+    pub traceparent: Option<String>,
 }
 
 fn corrupt(what: &str, value: &str) -> StoreError {
@@ -79,6 +82,7 @@ impl TryFrom<JobRow> for Job {
             last_error: from_json("last_error", r.last_error)?,
             workflow: from_json("workflow", r.workflow)?,
             admission: from_json("admission", r.admission)?,
+            traceparent: r.traceparent,
             job_id: r.job_id,
             queue: r.queue,
             kind: r.kind,
@@ -138,6 +142,7 @@ impl From<&Job> for JobRow {
             last_hash: j.last_hash.clone(),
             workflow: to_json(&j.workflow),
             admission: to_json(&j.admission),
+            traceparent: j.traceparent.clone(),
         }
     }
 }
@@ -169,6 +174,12 @@ pub struct EventRow {
     /// in what older versions exported or published: 1.
     #[serde(default = "schema_1")]
     pub schema: i16,
+    /// The trace context of the span that wrote the event (W3C
+    /// `traceparent`), when tracing was on. Telemetry, not history: outside
+    /// the hash, never exported; the relay carries it as a Kafka header.
+    #[serde(skip)]
+    #[sqlx(default)]
+    pub trace: Option<String>,
 }
 
 fn schema_1() -> i16 {
@@ -258,6 +269,7 @@ impl From<&Event> for EventRow {
             prev_hash: e.prev_hash.clone(),
             hash: e.hash.clone(),
             schema: crate::domain::schema::CURRENT,
+            trace: None,
         }
     }
 }

@@ -50,7 +50,15 @@ pub fn exec_handler(command: &str) -> HandlerFn {
 async fn run(ctx: JobContext, command: &str) -> HandlerOutcome {
     let job = ctx.job();
     let tag = uuid::Uuid::new_v4().to_string();
-    let mut child = match Command::new("sh")
+    let mut cmd = Command::new("sh");
+    // The handler's span, for the command to continue the job's trace
+    // (the variable OpenTelemetry's environment propagation reads). Never
+    // the worker's own TRACEPARENT: that would file every job under it.
+    match ctx.traceparent() {
+        Some(tp) => cmd.env("TRACEPARENT", tp),
+        None => cmd.env_remove("TRACEPARENT"),
+    };
+    let mut child = match cmd
         .arg("-c")
         .arg(command)
         .env("JOBLEDGER_JOB_ID", job.job_id.to_string())

@@ -150,6 +150,11 @@ impl JobContext {
     pub fn lease(&self) -> &Lease {
         &self.lease
     }
+    /// The W3C `traceparent` of this handler's span, so outside calls it
+    /// makes join the job's trace; `None` when tracing is off.
+    pub fn traceparent(&self) -> Option<&str> {
+        self.lease.trace()
+    }
     /// Fires when the job becomes `cancel_requested`, the lease is lost, or
     /// the worker's drain timeout passes.
     pub fn cancelled(&self) -> WaitForCancellationFuture<'_> {

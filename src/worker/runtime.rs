@@ -106,7 +106,8 @@ pub(crate) async fn run(
     let slots = Arc::new(Semaphore::new(cfg.concurrency));
     let mut jobs: JoinSet<()> = JoinSet::new();
 
-    let span = tracing::info_span!("worker", holder = %cfg.holder);
+    // Debug: it lasts as long as the worker; as a trace it would never end.
+    let span = tracing::debug_span!("worker", holder = %cfg.holder);
     async {
         while !shutdown.is_cancelled() {
             while jobs.try_join_next().is_some() {}
@@ -249,7 +250,9 @@ async fn run_job(
     shutdown: CancellationToken,
 ) {
     let job = lease.job().expect("claimed leases carry their job").clone();
-    let span = tracing::info_span!("job", job_id = %job.job_id, token = job.token, queue = %job.queue, kind = %job.kind);
+    let span = tracing::info_span!("job", otel.name = "jobledger.handle", job_id = %job.job_id, epoch = job.epoch, token = job.token, queue = %job.queue, kind = %job.kind);
+    // The handler continues the job's trace, under its claim.
+    crate::telemetry::adopt(&span, lease.trace());
     async {
         let signal = Signal::default();
         // Heartbeats and cancels cover the job from its claim on, also while
@@ -277,14 +280,14 @@ async fn run_job(
             None => HandlerOutcome::Permanent { code: "unknown_kind".into(), message: Some(format!("no handler for kind {}", job.kind)) },
             Some(handler) => {
                 let ctx = JobContext {
-                    lease: lease.clone(),
+                    lease: lease.clone().under(handler_trace()),
                     job: job.clone(),
                     signal: signal.clone(),
                     lease_len: shared.cfg.lease,
                     pool: shared.ledger.pool().clone(),
                 };
                 // Its own task, so a panic becomes an outcome; aborted with us.
-                match AbortOnDropHandle::new(tokio::spawn(handler(ctx))).await {
+                match AbortOnDropHandle::new(tokio::spawn(handler(ctx).in_current_span())).await {
                     Ok(o) => o,
                     Err(e) if e.is_panic() => {
                         HandlerOutcome::Transient { code: "handler_panicked".into(), message: Some(e.to_string()) }
@@ -371,7 +374,7 @@ async fn complete(
     let (tx, rx) = oneshot::channel();
     if shared
         .committer
-        .send((lease.clone(), result.clone(), tx))
+        .send((lease.clone().under(handler_trace()), result.clone(), tx))
         .await
         .is_ok()
     {
@@ -382,6 +385,13 @@ async fn complete(
         }
     }
     with_retries(|| lease.complete(result.clone())).await
+}
+
+/// The handler's span (current here) as a `traceparent`, when tracing.
+fn handler_trace() -> Option<String> {
+    crate::telemetry::enabled()
+        .then(crate::telemetry::current)
+        .flatten()
 }
 
 fn note_write(shared: &Shared, r: &WriteResult) {

@@ -11,8 +11,14 @@ pub struct Server {
 
 impl Server {
     pub fn start(url: &str) -> Server {
+        Self::start_with(url, &[])
+    }
+
+    /// With more arguments (global ones such as `--otlp-endpoint`).
+    pub fn start_with(url: &str, more: &[&str]) -> Server {
         let mut child = Command::new(env!("CARGO_BIN_EXE_jobledger"))
             .args(["serve", "--listen", "127.0.0.1:0"])
+            .args(more)
             .env("DATABASE_URL", url)
             .env_remove("RUST_LOG")
             .stdout(Stdio::piped())

@@ -1,0 +1,77 @@
+//! W3C trace context on the wire: the relay's `traceparent` header, and the
+//! helpers jobledger itself uses to read and write it (this crate owns the
+//! message format, so it owns this header too).
+//!
+//! Parsing and formatting go through OpenTelemetry's own propagator, never
+//! a hand-written parser. Nothing here exports anything: spans only leave
+//! the process when the application installed `tracing-opentelemetry`.
+
+use opentelemetry::propagation::TextMapPropagator;
+use opentelemetry::trace::TraceContextExt;
+use opentelemetry::Context;
+use opentelemetry_sdk::propagation::TraceContextPropagator;
+use std::collections::HashMap;
+use tracing_opentelemetry::OpenTelemetrySpanExt;
+
+/// The header (and field) name, as W3C Trace Context spells it.
+pub const TRACEPARENT: &str = "traceparent";
+
+/// The remote context a `traceparent` names; `None` when it is not a valid
+/// W3C trace context (a malformed value starts no trace and breaks nothing).
+pub fn context_of(traceparent: &str) -> Option<Context> {
+    let carrier = HashMap::from([(TRACEPARENT.to_string(), traceparent.trim().to_string())]);
+    let cx = TraceContextPropagator::new().extract(&carrier);
+    cx.span().span_context().is_valid().then_some(cx)
+}
+
+/// The `traceparent` of a context's span; `None` when it has none.
+pub fn traceparent_of(cx: &Context) -> Option<String> {
+    if !cx.span().span_context().is_valid() {
+        return None;
+    }
+    let mut carrier = HashMap::new();
+    TraceContextPropagator::new().inject_context(cx, &mut carrier);
+    carrier.remove(TRACEPARENT)
+}
+
+/// The `traceparent` of the current `tracing` span, when it is traced.
+/// Without the layer this is a failed downcast and `None`.
+pub fn current() -> Option<String> {
+    traceparent_of(&tracing::Span::current().context())
+}
+
+/// Makes `span` a child of `traceparent` (call it before the span is
+/// entered). Does nothing when tracing is off or the value is not valid.
+pub fn adopt(span: &tracing::Span, traceparent: Option<&str>) {
+    if let Some(cx) = traceparent.and_then(context_of) {
+        // Fails only when the span is disabled or already started: then
+        // it keeps the parent it has, which is all that could happen.
+        let _ = span.set_parent(cx);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_valid_traceparent_round_trips() {
+        let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let cx = context_of(tp).expect("valid");
+        assert_eq!(traceparent_of(&cx).as_deref(), Some(tp));
+    }
+
+    #[test]
+    fn malformed_values_name_no_context() {
+        for bad in [
+            "",
+            "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",
+            "zz-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e473-00f067aa0ba902b7-01",
+            "\u{202e}00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+        ] {
+            assert!(context_of(bad).is_none(), "{bad:?}");
+        }
+    }
+}

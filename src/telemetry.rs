@@ -1,0 +1,291 @@
+//! Traces that follow a job (issue 16): OpenTelemetry through
+//! `tracing-opentelemetry` and the OTLP exporter, off unless an endpoint is
+//! given (docs/tracing.md).
+//!
+//! The job's trace is the trace of the span that enqueued it: its W3C
+//! `traceparent` is kept in the `enqueued` event (under the hash) and on the
+//! job's row. The claim, the handler, every fenced write, the relay's
+//! publish and a `FencedConsumer`'s apply are spans of that trace.
+//!
+//! Sequential work (an enqueue, a handler, one write) is a `tracing` span.
+//! Work done for many jobs at once (a claim, a batch of completions, a
+//! relay batch) is one `ItemSpan` per job, built with OpenTelemetry's own API
+//! so each starts and ends when the shared statement did and has its own
+//! job's parent.
+//!
+//! Off means off: without an endpoint no layer is installed, `enabled()` is
+//! false, and every helper here returns at its first line.
+
+use opentelemetry::trace::{Span as _, SpanBuilder, TraceContextExt, Tracer as _, TracerProvider as _};
+use opentelemetry::{Context, KeyValue};
+use opentelemetry_sdk::error::{OTelSdkError, OTelSdkResult};
+use opentelemetry_sdk::trace::{SdkTracerProvider, SpanData, SpanExporter};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+use uuid::Uuid;
+
+pub use jobledger_consumers::trace::{adopt, context_of, current, traceparent_of, TRACEPARENT};
+
+/// The instrumentation scope of every span jobledger makes.
+pub const SCOPE: &str = "jobledger";
+
+static ON: AtomicBool = AtomicBool::new(false);
+
+/// Whether this process exports traces. `Otlp::install` sets it; a program
+/// embedding the library with its own OpenTelemetry pipeline sets it with
+/// `set_enabled` (and registers its provider as the global one).
+pub fn enabled() -> bool {
+    ON.load(Ordering::Relaxed)
+}
+
+pub fn set_enabled(on: bool) {
+    ON.store(on, Ordering::Relaxed);
+}
+
+tokio::task_local! {
+    /// Per job, the span a batched write runs under (`with_write_traces`).
+    static WRITES: HashMap<Uuid, String>;
+}
+
+/// The trace context an event of `job_id` written now is stamped with: its
+/// job's span in a batched write, else the current span.
+pub(crate) fn write_trace(job_id: Uuid) -> Option<String> {
+    if !enabled() {
+        return None;
+    }
+    WRITES
+        .try_with(|m| m.get(&job_id).cloned())
+        .ok()
+        .flatten()
+        .or_else(current)
+}
+
+/// Runs `f` with each job's own write span known to `write_trace`. One
+/// statement writes many jobs' events; each must name its own job's span.
+pub(crate) async fn with_write_traces<F: std::future::Future>(
+    traces: HashMap<Uuid, String>,
+    f: F,
+) -> F::Output {
+    WRITES.scope(traces, f).await
+}
+
+/// One job's span in work done for many jobs at once. Nothing when tracing
+/// is off; ends when dropped (or at `end_at`).
+pub struct ItemSpan(Option<opentelemetry::global::BoxedSpan>);
+
+impl ItemSpan {
+    /// No span (tracing off, or nothing to continue).
+    pub fn none() -> Self {
+        ItemSpan(None)
+    }
+
+    /// A span from `start` under `parent` (a `traceparent`), or under the
+    /// current span when there is none (a lease resumed from ids, a job
+    /// enqueued untraced): then the request or task doing the work.
+    pub fn start_at(
+        name: &'static str,
+        parent: Option<&str>,
+        start: SystemTime,
+        attrs: Vec<KeyValue>,
+    ) -> Self {
+        if !enabled() {
+            return ItemSpan(None);
+        }
+        let tracer = opentelemetry::global::tracer(SCOPE);
+        let builder = SpanBuilder::from_name(name)
+            .with_start_time(start)
+            .with_attributes(attrs);
+        let cx = match parent.and_then(context_of) {
+            Some(cx) => cx,
+            None => tracing_opentelemetry::OpenTelemetrySpanExt::context(&tracing::Span::current()),
+        };
+        ItemSpan(Some(tracer.build_with_context(builder, &cx)))
+    }
+
+    pub fn start(name: &'static str, parent: Option<&str>, attrs: Vec<KeyValue>) -> Self {
+        Self::start_at(name, parent, SystemTime::now(), attrs)
+    }
+
+    /// The span's own `traceparent`: what its children name as parent.
+    pub fn traceparent(&self) -> Option<String> {
+        let span = self.0.as_ref()?;
+        traceparent_of(&Context::new().with_remote_span_context(span.span_context().clone()))
+    }
+
+    pub fn set(&mut self, kv: KeyValue) {
+        if let Some(s) = self.0.as_mut() {
+            s.set_attribute(kv);
+        }
+    }
+
+    pub fn end_at(mut self, end: SystemTime) {
+        if let Some(mut s) = self.0.take() {
+            s.end_with_timestamp(end);
+        }
+    }
+}
+
+/// One `ItemSpan` per job, for work done for many jobs in one statement.
+#[derive(Default)]
+pub(crate) struct Spans(HashMap<Uuid, ItemSpan>);
+
+impl Spans {
+    /// From `start`, each under its job's `parent`; nothing when off.
+    pub(crate) fn start<'a>(
+        name: &'static str,
+        start: SystemTime,
+        jobs: impl IntoIterator<Item = (Uuid, Option<&'a str>, Vec<KeyValue>)>,
+    ) -> Self {
+        if !enabled() {
+            return Spans::default();
+        }
+        Spans(
+            jobs.into_iter()
+                .map(|(id, parent, attrs)| (id, ItemSpan::start_at(name, parent, start, attrs)))
+                .collect(),
+        )
+    }
+
+    pub(crate) fn trace(&self, job_id: Uuid) -> Option<String> {
+        self.0.get(&job_id).and_then(ItemSpan::traceparent)
+    }
+
+    /// Each job's span, for `with_write_traces`.
+    pub(crate) fn traces(&self) -> HashMap<Uuid, String> {
+        self.0
+            .iter()
+            .filter_map(|(id, s)| Some((*id, s.traceparent()?)))
+            .collect()
+    }
+
+    pub(crate) fn end(self) {
+        let now = SystemTime::now();
+        for s in self.0.into_values() {
+            s.end_at(now);
+        }
+    }
+}
+
+/// The attributes every per-job span carries.
+pub(crate) fn job_attrs(job_id: Uuid, epoch: i64, token: i64) -> Vec<KeyValue> {
+    vec![
+        KeyValue::new("job_id", job_id.to_string()),
+        KeyValue::new("epoch", epoch),
+        KeyValue::new("token", token),
+    ]
+}
+
+/// The OTLP pipeline of the binary: a batch processor exporting over gRPC.
+pub struct Otlp {
+    provider: SdkTracerProvider,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum TelemetryError {
+    #[error("OTLP exporter: {0}")]
+    Exporter(String),
+}
+
+impl Otlp {
+    /// Builds the pipeline for `endpoint` (e.g. `http://127.0.0.1:4317`),
+    /// registers it as the global provider and turns tracing on. Must run
+    /// inside a Tokio runtime: the exporter's gRPC client lives on it.
+    pub fn install(endpoint: &str) -> Result<Otlp, TelemetryError> {
+        use opentelemetry_otlp::WithExportConfig;
+        let exporter = opentelemetry_otlp::SpanExporter::builder()
+            .with_tonic()
+            .with_endpoint(endpoint)
+            .with_timeout(Duration::from_secs(5))
+            .build()
+            .map_err(|e| TelemetryError::Exporter(e.to_string()))?;
+        let resource = opentelemetry_sdk::Resource::builder()
+            .with_service_name(std::env::var("OTEL_SERVICE_NAME").unwrap_or_else(|_| SCOPE.into()))
+            .build();
+        let provider = SdkTracerProvider::builder()
+            .with_batch_exporter(OnRuntime {
+                inner: Arc::new(exporter),
+                rt: tokio::runtime::Handle::current(),
+            })
+            .with_resource(resource)
+            .build();
+        opentelemetry::global::set_tracer_provider(provider.clone());
+        set_enabled(true);
+        Ok(Otlp { provider })
+    }
+
+    /// The `tracing` layer that turns spans into OpenTelemetry spans.
+    pub fn layer<S>(
+        &self,
+    ) -> tracing_opentelemetry::OpenTelemetryLayer<S, opentelemetry_sdk::trace::SdkTracer>
+    where
+        S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+    {
+        tracing_opentelemetry::layer().with_tracer(self.provider.tracer(SCOPE))
+    }
+
+    /// Exports what is still buffered and stops. Blocks: call it off the
+    /// runtime's worker threads (`spawn_blocking`), whose runtime it needs.
+    pub fn shutdown(&self) {
+        set_enabled(false);
+        if let Err(e) = self.provider.shutdown() {
+            eprintln!("warning: traces not all exported: {e}");
+        }
+    }
+}
+
+/// The stable batch processor exports from its own OS thread, where the
+/// tonic client finds no Tokio reactor (a known panic of the 0.28+ SDKs).
+/// Each export is run as a task on the runtime that built the exporter.
+#[derive(Debug)]
+struct OnRuntime<E> {
+    inner: Arc<E>,
+    rt: tokio::runtime::Handle,
+}
+
+impl<E: SpanExporter + 'static> SpanExporter for OnRuntime<E> {
+    fn export(&self, batch: Vec<SpanData>) -> impl std::future::Future<Output = OTelSdkResult> + Send {
+        let inner = self.inner.clone();
+        let task = self.rt.spawn(async move { inner.export(batch).await });
+        async move {
+            task.await
+                .unwrap_or_else(|e| Err(OTelSdkError::InternalFailure(e.to_string())))
+        }
+    }
+
+    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
+        let _on = self.rt.enter();
+        self.inner.shutdown_with_timeout(timeout)
+    }
+
+    fn force_flush(&self) -> OTelSdkResult {
+        let _on = self.rt.enter();
+        self.inner.force_flush()
+    }
+
+    fn set_resource(&mut self, resource: &opentelemetry_sdk::Resource) {
+        // Called once while the provider is built, before any export holds
+        // a clone of the exporter.
+        if let Some(inner) = Arc::get_mut(&mut self.inner) {
+            inner.set_resource(resource);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn off_means_nothing_is_made() {
+        set_enabled(false);
+        let s = ItemSpan::start(
+            "x",
+            Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"),
+            vec![],
+        );
+        assert!(s.traceparent().is_none());
+        assert!(write_trace(Uuid::nil()).is_none());
+    }
+}
