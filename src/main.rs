@@ -6,7 +6,7 @@ mod serve;
 mod tools;
 
 use clap::Parser;
-use tracing_subscriber::filter::{LevelFilter, Targets};
+use tracing_subscriber::filter::{DynFilterFn, FilterExt, LevelFilter, Targets};
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{EnvFilter, Layer};
@@ -21,6 +21,13 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 async fn main() {
     let args = cli::args::Cli::parse();
     let otlp = match args.otlp_endpoint.as_deref().filter(|e| !e.is_empty()) {
+        None if tools::bench_traces::wanted(&args.command) => match tools::bench_traces::pipeline() {
+            Ok(o) => Some(o),
+            Err(e) => {
+                eprintln!("error: bench --only traces: {e:#}");
+                std::process::exit(cli::output::FAILURE);
+            }
+        },
         None => None,
         Some(endpoint) => match jobledger::telemetry::Otlp::install(endpoint) {
             Ok(o) => Some(o),
@@ -54,11 +61,15 @@ fn init_logs(otlp: Option<&jobledger::telemetry::Otlp>) {
         .with_writer(std::io::stderr)
         .with_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("warn")));
     let spans = otlp.map(|o| {
-        o.layer().with_filter(
-            Targets::new()
-                .with_target("jobledger", LevelFilter::INFO)
-                .with_target("jobledger_consumers", LevelFilter::INFO),
-        )
+        let ours = Targets::new()
+            .with_target("jobledger", LevelFilter::INFO)
+            .with_target("jobledger_consumers", LevelFilter::INFO);
+        // `telemetry::enabled()` also switches the layer (shutdown, and the
+        // bench's rounds off and on). Asked per span: a plain `filter_fn` is
+        // cached per call site, and the first answer would hold for good.
+        let switch = DynFilterFn::new(|_, _| jobledger::telemetry::enabled())
+            .with_callsite_filter(|_| tracing::subscriber::Interest::sometimes());
+        o.layer().with_filter(ours.and(switch))
     });
     tracing_subscriber::registry().with(logs).with(spans).init();
 }

@@ -19,7 +19,9 @@
 use opentelemetry::trace::{Span as _, SpanBuilder, TraceContextExt, Tracer as _, TracerProvider as _};
 use opentelemetry::{Context, KeyValue};
 use opentelemetry_sdk::error::{OTelSdkError, OTelSdkResult};
-use opentelemetry_sdk::trace::{SdkTracerProvider, SpanData, SpanExporter};
+use opentelemetry_sdk::trace::{
+    BatchConfigBuilder, BatchSpanProcessor, SdkTracerProvider, SpanData, SpanExporter,
+};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -177,6 +179,34 @@ pub(crate) fn job_attrs(job_id: Uuid, epoch: i64, token: i64) -> Vec<KeyValue> {
     ]
 }
 
+/// The SDK's defaults (a queue of 2,048 spans, exported every 5 s) drop
+/// spans past about 400 a second, and one worker makes three per job at
+/// thousands of jobs a second. A queue of 65,536 exported every second
+/// keeps them; `OTEL_BSP_*` still decide when set.
+fn batch_config() -> opentelemetry_sdk::trace::BatchConfig {
+    let mut b = BatchConfigBuilder::default();
+    if std::env::var_os("OTEL_BSP_MAX_QUEUE_SIZE").is_none() {
+        b = b.with_max_queue_size(65_536);
+    }
+    if std::env::var_os("OTEL_BSP_MAX_EXPORT_BATCH_SIZE").is_none() {
+        b = b.with_max_export_batch_size(2_048);
+    }
+    if std::env::var_os("OTEL_BSP_SCHEDULE_DELAY").is_none() {
+        b = b.with_scheduled_delay(Duration::from_secs(1));
+    }
+    b.build()
+}
+
+static PROVIDER: std::sync::OnceLock<SdkTracerProvider> = std::sync::OnceLock::new();
+
+/// Exports what the installed pipeline holds now (the bench checks its
+/// counts after a round). Blocking.
+pub fn flush() {
+    if let Some(p) = PROVIDER.get() {
+        let _ = p.force_flush();
+    }
+}
+
 /// The OTLP pipeline of the binary: a batch processor exporting over gRPC.
 pub struct Otlp {
     provider: SdkTracerProvider,
@@ -203,14 +233,19 @@ impl Otlp {
         let resource = opentelemetry_sdk::Resource::builder()
             .with_service_name(std::env::var("OTEL_SERVICE_NAME").unwrap_or_else(|_| SCOPE.into()))
             .build();
+        let exporter = OnRuntime {
+            inner: Arc::new(exporter),
+            rt: tokio::runtime::Handle::current(),
+        };
+        let processor = BatchSpanProcessor::builder(exporter)
+            .with_batch_config(batch_config())
+            .build();
         let provider = SdkTracerProvider::builder()
-            .with_batch_exporter(OnRuntime {
-                inner: Arc::new(exporter),
-                rt: tokio::runtime::Handle::current(),
-            })
+            .with_span_processor(processor)
             .with_resource(resource)
             .build();
         opentelemetry::global::set_tracer_provider(provider.clone());
+        let _ = PROVIDER.set(provider.clone());
         set_enabled(true);
         Ok(Otlp { provider })
     }

@@ -466,7 +466,7 @@ pub enum Cmd {
     },
     /// Throughput and latency figures (JSON lines), in a throwaway database.
     Bench {
-        /// Run only these workloads: w1, w2, w3, latency, relay, e2e, lag, rebuild, workflows, serve, limits, w3-history, audit.
+        /// Run only these workloads: w1, w2, w3, latency, relay, e2e, lag, rebuild, workflows, serve, limits, w3-history, audit; and traces (only when named).
         #[arg(long)]
         only: Vec<String>,
         #[arg(long, default_value_t = 10_000)]

@@ -99,6 +99,10 @@ pub async fn run(args: BenchArgs) -> Result<i32> {
         if wants("limits") {
             crate::tools::bench_limits::limits(&ledger, args.w3_jobs).await?;
         }
+        // Only when named: it needs the pipeline `main` installs for it.
+        if args.only.iter().any(|o| o == "traces") {
+            crate::tools::bench_traces::traces(&ledger, args.w3_jobs).await?;
+        }
         if wants("w3-history") {
             history(&ledger, args.history_events).await?;
             w3(&ledger, "w3-history", args.w3_jobs, args.prefetch).await?;
