@@ -499,3 +499,21 @@ async fn off_stores_nothing_and_a_bad_traceparent_starts_a_new_trace() {
     db.assert_verified().await;
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// A tracing setting never stops the work: an endpoint this build cannot
+/// export to (HTTPS: no TLS here) is a warning, and the command runs.
+#[tokio::test]
+async fn an_unusable_endpoint_is_a_warning_not_a_failure() {
+    let db = fresh().await;
+    let out = Command::new(env!("CARGO_BIN_EXE_jobledger"))
+        .args(["enqueue", "--queue", "q", "--kind", "k", "--payload", "{}"])
+        .env("DATABASE_URL", &db.url)
+        .env("OTEL_EXPORTER_OTLP_ENDPOINT", "https://collector.invalid:4317")
+        .env_remove("RUST_LOG")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("traces are off"), "{stderr}");
+    assert_eq!(db.open_jobs().await, 1);
+}
