@@ -115,7 +115,12 @@ pub fn decode_parts(
         .to_string();
     let (epoch, token, version, position) = (int("epoch")?, int("token")?, int("version")?, int("position")?);
     let kind = text("type")?;
-    let traceparent = text(crate::trace::TRACEPARENT).ok();
+    // Only a valid trace context, in its normal form: the header is
+    // untrusted bytes, handed to handlers as a parent.
+    let traceparent = text(crate::trace::TRACEPARENT)
+        .ok()
+        .and_then(|v| crate::trace::context_of(&v))
+        .and_then(|cx| crate::trace::traceparent_of(&cx));
     let payload = payload.ok_or(DecodeError::NoPayload)?;
     let body: Value = serde_json::from_slice(payload).map_err(|e| DecodeError::NotJson(e.to_string()))?;
     if !body.is_object() {

@@ -19,9 +19,30 @@ pub const TRACEPARENT: &str = "traceparent";
 /// The remote context a `traceparent` names; `None` when it is not a valid
 /// W3C trace context (a malformed value starts no trace and breaks nothing).
 pub fn context_of(traceparent: &str) -> Option<Context> {
-    let carrier = HashMap::from([(TRACEPARENT.to_string(), traceparent.trim().to_string())]);
+    if !well_formed(traceparent) {
+        return None;
+    }
+    let carrier = HashMap::from([(TRACEPARENT.to_string(), traceparent.to_string())]);
     let cx = TraceContextPropagator::new().extract(&carrier);
     cx.span().span_context().is_valid().then_some(cx)
+}
+
+/// The W3C shape: `vv-<32 hex>-<16 hex>-ff`, lower-case hex, exactly that
+/// for version 00 (a later version may add `-...`). The propagator itself
+/// parses with `from_str_radix`, which takes `00-1-1-01` or a `+` sign: a
+/// short id would file strangers' requests under one guessable trace.
+fn well_formed(v: &str) -> bool {
+    let hex = |s: &str, n: usize| s.len() == n && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
+    let b = v.as_bytes();
+    if b.len() < 55 || b[2] != b'-' || b[35] != b'-' || b[52] != b'-' {
+        return false;
+    }
+    let rest_ok = match &v[..2] {
+        "00" => b.len() == 55,
+        "ff" => false,
+        _ => b.len() == 55 || b[55] == b'-',
+    };
+    rest_ok && hex(&v[..2], 2) && hex(&v[3..35], 32) && hex(&v[36..52], 16) && hex(&v[53..55], 2)
 }
 
 /// The `traceparent` of a context's span; `None` when it has none.
@@ -70,6 +91,11 @@ mod tests {
             "zz-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
             "00-4bf92f3577b34da6a3ce929d0e0e473-00f067aa0ba902b7-01",
             "\u{202e}00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "00-1-2-01",
+            "00-+4bf92f3577b34da6a3ce929d0e0e473-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-",
+            " 00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
         ] {
             assert!(context_of(bad).is_none(), "{bad:?}");
         }
