@@ -47,13 +47,35 @@ pub fn set_enabled(on: bool) {
 }
 
 tokio::task_local! {
-    /// Per job, the span a batched write runs under (`with_write_traces`).
+    /// Per job, the span a batched write runs under (`Spans::around`).
     static WRITES: HashMap<Uuid, String>;
 }
 
-/// The trace context an event of `job_id` written now is stamped with: its
-/// job's span in a batched write, else the current span.
-pub(crate) fn write_trace(job_id: Uuid) -> Option<String> {
+/// The current span's `traceparent`, when this process traces.
+pub fn here() -> Option<String> {
+    if !enabled() {
+        return None;
+    }
+    current()
+}
+
+/// The one rule for where work on a job hangs in its trace: under the
+/// current span when that span is in the job's trace (a handler, a request
+/// that continued the job's span), else under the job's own trace context
+/// (a sweep, a remote worker's request in a trace of its own, a batch of
+/// several jobs' writes), else under whatever span is current.
+pub(crate) fn parent_for(job_trace: Option<&str>) -> Option<String> {
+    let here = here();
+    match (here, job_trace) {
+        (Some(h), Some(j)) if h.get(3..35) == j.get(3..35) => Some(h),
+        (_, Some(j)) if enabled() => Some(j.to_string()),
+        (h, _) => h,
+    }
+}
+
+/// The trace context an event of a job written now is stamped with: its
+/// job's span in a batched write (`Spans::around`), else `parent_for`.
+pub(crate) fn write_trace(job_id: Uuid, job_trace: Option<&str>) -> Option<String> {
     if !enabled() {
         return None;
     }
@@ -61,21 +83,20 @@ pub(crate) fn write_trace(job_id: Uuid) -> Option<String> {
         .try_with(|m| m.get(&job_id).cloned())
         .ok()
         .flatten()
-        .or_else(current)
+        .or_else(|| parent_for(job_trace))
 }
 
-/// Runs `f` with each job's own write span known to `write_trace`. One
-/// statement writes many jobs' events; each must name its own job's span.
-pub(crate) async fn with_write_traces<F: std::future::Future>(
-    traces: HashMap<Uuid, String>,
-    f: F,
-) -> F::Output {
-    WRITES.scope(traces, f).await
+/// The tracer of the per-job spans, taken from the global provider once
+/// (`Otlp::install` registers it before tracing is turned on).
+fn tracer() -> &'static opentelemetry::global::BoxedTracer {
+    static TRACER: std::sync::OnceLock<opentelemetry::global::BoxedTracer> = std::sync::OnceLock::new();
+    TRACER.get_or_init(|| opentelemetry::global::tracer(SCOPE))
 }
 
-/// One job's span in work done for many jobs at once. Nothing when tracing
-/// is off; ends when dropped (or at `end_at`).
-pub struct ItemSpan(Option<opentelemetry::global::BoxedSpan>);
+/// One job's span in work done for many jobs at once, with its own
+/// `traceparent` (formatted once). Nothing when tracing is off; ends when
+/// dropped (or at `end_at`).
+pub struct ItemSpan(Option<(opentelemetry::global::BoxedSpan, String)>);
 
 impl ItemSpan {
     /// No span (tracing off, or nothing to continue).
@@ -83,9 +104,8 @@ impl ItemSpan {
         ItemSpan(None)
     }
 
-    /// A span from `start` under `parent` (a `traceparent`), or under the
-    /// current span when there is none (a lease resumed from ids, a job
-    /// enqueued untraced): then the request or task doing the work.
+    /// A span from `start` under `parent` (a `traceparent`; a new trace
+    /// when it names none).
     pub fn start_at(
         name: &'static str,
         parent: Option<&str>,
@@ -95,15 +115,15 @@ impl ItemSpan {
         if !enabled() {
             return ItemSpan(None);
         }
-        let tracer = opentelemetry::global::tracer(SCOPE);
         let builder = SpanBuilder::from_name(name)
             .with_start_time(start)
             .with_attributes(attrs);
-        let cx = match parent.and_then(context_of) {
-            Some(cx) => cx,
-            None => tracing_opentelemetry::OpenTelemetrySpanExt::context(&tracing::Span::current()),
-        };
-        ItemSpan(Some(tracer.build_with_context(builder, &cx)))
+        let cx = parent.and_then(context_of).unwrap_or_default();
+        let span = tracer().build_with_context(builder, &cx);
+        match traceparent_of(&Context::new().with_remote_span_context(span.span_context().clone())) {
+            Some(tp) => ItemSpan(Some((span, tp))),
+            None => ItemSpan(None),
+        }
     }
 
     pub fn start(name: &'static str, parent: Option<&str>, attrs: Vec<KeyValue>) -> Self {
@@ -111,19 +131,12 @@ impl ItemSpan {
     }
 
     /// The span's own `traceparent`: what its children name as parent.
-    pub fn traceparent(&self) -> Option<String> {
-        let span = self.0.as_ref()?;
-        traceparent_of(&Context::new().with_remote_span_context(span.span_context().clone()))
-    }
-
-    pub fn set(&mut self, kv: KeyValue) {
-        if let Some(s) = self.0.as_mut() {
-            s.set_attribute(kv);
-        }
+    pub fn traceparent(&self) -> Option<&str> {
+        self.0.as_ref().map(|(_, tp)| tp.as_str())
     }
 
     pub fn end_at(mut self, end: SystemTime) {
-        if let Some(mut s) = self.0.take() {
+        if let Some((mut s, _)) = self.0.take() {
             s.end_with_timestamp(end);
         }
     }
@@ -135,31 +148,40 @@ pub(crate) struct Spans(HashMap<Uuid, ItemSpan>);
 
 impl Spans {
     /// From `start`, each under its job's `parent`; nothing when off.
-    pub(crate) fn start<'a>(
+    pub(crate) fn start(
         name: &'static str,
         start: SystemTime,
-        jobs: impl IntoIterator<Item = (Uuid, Option<&'a str>, Vec<KeyValue>)>,
+        jobs: impl IntoIterator<Item = (Uuid, Option<String>, Vec<KeyValue>)>,
     ) -> Self {
         if !enabled() {
             return Spans::default();
         }
         Spans(
             jobs.into_iter()
-                .map(|(id, parent, attrs)| (id, ItemSpan::start_at(name, parent, start, attrs)))
+                .map(|(id, parent, attrs)| (id, ItemSpan::start_at(name, parent.as_deref(), start, attrs)))
                 .collect(),
         )
     }
 
     pub(crate) fn trace(&self, job_id: Uuid) -> Option<String> {
-        self.0.get(&job_id).and_then(ItemSpan::traceparent)
+        self.0
+            .get(&job_id)
+            .and_then(ItemSpan::traceparent)
+            .map(str::to_owned)
     }
 
-    /// Each job's span, for `with_write_traces`.
-    pub(crate) fn traces(&self) -> HashMap<Uuid, String> {
-        self.0
+    /// Runs `f` with each job's writes stamped with its own span: one
+    /// statement writes many jobs' events, and each names its own job's.
+    pub(crate) async fn around<F: std::future::Future>(&self, f: F) -> F::Output {
+        if self.0.is_empty() {
+            return f.await;
+        }
+        let traces = self
+            .0
             .iter()
-            .filter_map(|(id, s)| Some((*id, s.traceparent()?)))
-            .collect()
+            .filter_map(|(id, s)| Some((*id, s.traceparent()?.to_owned())))
+            .collect();
+        WRITES.scope(traces, f).await
     }
 
     pub(crate) fn end(self) {
@@ -321,6 +343,10 @@ mod tests {
             vec![],
         );
         assert!(s.traceparent().is_none());
-        assert!(write_trace(Uuid::nil()).is_none());
+        assert!(write_trace(
+            Uuid::nil(),
+            Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
+        )
+        .is_none());
     }
 }

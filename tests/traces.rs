@@ -100,6 +100,25 @@ fn jobledger(db_url: &str, endpoint: &str, args: &[&str]) -> Command {
     c
 }
 
+/// `worker` on queue q running `script`: polling fast, heartbeating often.
+fn worker_args(script: &str) -> Vec<&str> {
+    vec![
+        "worker",
+        "--queue",
+        "q",
+        "--exec",
+        script,
+        "--poll",
+        "50ms",
+        "--heartbeat",
+        "200ms",
+        "--lease",
+        "2s",
+        "--no-sweeper",
+        "--no-scheduler",
+    ]
+}
+
 /// SIGTERM, then the exit: a service drains and flushes its spans.
 fn stop(mut child: Child) {
     nix::sys::signal::kill(
@@ -114,6 +133,8 @@ fn stop(mut child: Child) {
 /// The caller's trace: a service that enqueues from inside its own span.
 const CALLER_TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
 const CALLER_SPAN: &str = "00f067aa0ba902b7";
+/// Another service's trace.
+const OTHER_TRACE: &str = "5ce0e9a5600d4a23a97f0c1a2b3c4d5e";
 
 // Multi-threaded: the receiver answers while the test waits for a child.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -138,34 +159,36 @@ async fn one_jobs_spans_form_one_trace_across_the_processes() {
     let enq: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let job_id: Uuid = enq["job_id"].as_str().unwrap().parse().unwrap();
 
-    // 2. A worker runs it with a command that keeps what it was handed.
-    let script = format!("printf %s \"$TRACEPARENT\" > {}; echo '{{}}'", seen.display());
-    let worker = jobledger(
-        &db.url,
-        &endpoint,
-        &[
-            "worker",
-            "--queue",
-            "q",
-            "--exec",
-            &script,
-            "--poll",
-            "50ms",
-            "--no-sweeper",
-            "--no-scheduler",
-        ],
-    )
-    .stdout(Stdio::null())
-    .stderr(Stdio::inherit())
-    .spawn()
-    .unwrap();
+    // 2. A worker runs it with a command that keeps what it was handed,
+    // long enough to heartbeat.
+    let script = format!(
+        "printf %s \"$TRACEPARENT\" > {}; sleep 1; echo '{{}}'",
+        seen.display()
+    );
+    let worker = jobledger(&db.url, &endpoint, &worker_args(&script))
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
     eventually("the job succeeds", || async {
         db.state_of(job_id).await == jobledger::domain::JobState::Succeeded
     })
     .await;
     stop(worker);
+    // Every event of the job names the span that wrote it, heartbeats too.
+    let events = db
+        .count(&format!(
+            "SELECT count(*) FROM jobledger.events WHERE job_id = '{job_id}'"
+        ))
+        .await as usize;
+    let untraced = db
+        .count(&format!(
+            "SELECT count(*) FROM jobledger.events WHERE job_id = '{job_id}' AND trace IS NULL"
+        ))
+        .await;
+    assert_eq!(untraced, 0, "every event of the job is traced");
 
-    // 3. The relay publishes its three events; 4. the status mirror applies them.
+    // 3. The relay publishes the job's events; 4. the status mirror applies them.
     let relay = jobledger(
         &db.url,
         &endpoint,
@@ -202,8 +225,8 @@ async fn one_jobs_spans_form_one_trace_across_the_processes() {
     .stderr(Stdio::inherit())
     .spawn()
     .unwrap();
-    eventually("the consumer applies the three events", || async {
-        got.named("jobledger.consume").len() >= 3
+    eventually("the consumer applies every event", || async {
+        got.named("jobledger.consume").len() >= events
     })
     .await;
     stop(relay);
@@ -264,6 +287,25 @@ async fn one_jobs_spans_form_one_trace_across_the_processes() {
         Some(job_id.to_string().as_str())
     );
     assert_eq!(attr(&claim, "token").as_deref(), Some("1"));
+    // The worker's batched heartbeats are spans of the job, under its claim.
+    let heartbeats = got.named("jobledger.heartbeat");
+    // (A heartbeat racing the completion is a span whose write was refused.)
+    assert!(
+        events > 3 && heartbeats.len() >= events - 3,
+        "{events} events, {} heartbeats",
+        heartbeats.len()
+    );
+    for h in &heartbeats {
+        assert_eq!(
+            h.parent_span_id, claim.span_id,
+            "a heartbeat continues its lease's claim"
+        );
+    }
+    assert_eq!(
+        publishes.len(),
+        events,
+        "every event is published in the job's trace"
+    );
 
     // Each event's publish is a child of the span that wrote the event.
     let publish_of = |ty: &str| -> Span {
@@ -340,14 +382,33 @@ async fn the_http_api_continues_and_hands_out_the_jobs_trace() {
     let s = common::serve::Server::start_with(&db.url, &["--otlp-endpoint", &endpoint]);
     let caller = format!("00-{CALLER_TRACE}-{CALLER_SPAN}-01");
     let body = serde_json::json!({ "queue": "q", "kind": "k", "payload": {} });
-    let job = post_traced(&s, "/v1/jobs", &token, &caller, body).await;
+    let job = post_traced(&s, "/v1/jobs", &token, &caller, body.clone()).await;
     let job_id: Uuid = job["job_id"].as_str().unwrap().parse().unwrap();
+    // A second job, from another service's trace.
+    let other = post_traced(
+        &s,
+        "/v1/jobs",
+        &token,
+        &format!("00-{OTHER_TRACE}-{CALLER_SPAN}-01"),
+        body,
+    )
+    .await;
+    let other_id: Uuid = other["job_id"].as_str().unwrap().parse().unwrap();
 
     // The worker's request is in a trace of its own.
     let theirs = "00-11111111111111111111111111111111-2222222222222222-01";
-    let claim = serde_json::json!({ "worker": "py", "lease_ms": 60_000, "limit": 1 });
+    let claim = serde_json::json!({ "worker": "py", "lease_ms": 60_000, "limit": 2 });
     let leases = post_traced(&s, "/v1/queues/q/claim", &token, theirs, claim).await;
-    let lease = &leases["leases"][0];
+    let of = |id: Uuid| {
+        leases["leases"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|l| l["job_id"] == id.to_string())
+            .cloned()
+            .unwrap()
+    };
+    let (lease, other_lease) = (&of(job_id), &of(other_id));
     let handed = lease["traceparent"]
         .as_str()
         .expect("the grant names its claim span")
@@ -356,10 +417,34 @@ async fn the_http_api_continues_and_hands_out_the_jobs_trace() {
         handed.starts_with(&format!("00-{CALLER_TRACE}-")),
         "the job's trace: {handed}"
     );
-    let item = serde_json::json!({ "job_id": job_id, "epoch": lease["epoch"], "token": lease["token"] });
-    let done = serde_json::json!({ "worker": "py", "items": [item] });
+    // Both leases heartbeated and completed in one batch each, sent under
+    // the first job's span: each job's writes stay in its own trace.
+    let items = serde_json::json!([
+        { "job_id": job_id, "epoch": lease["epoch"], "token": lease["token"] },
+        { "job_id": other_id, "epoch": other_lease["epoch"], "token": other_lease["token"] },
+    ]);
+    let beat = serde_json::json!({ "worker": "py", "lease_ms": 60_000, "items": items });
+    let out = post_traced(&s, "/v1/leases/heartbeat", &token, &handed, beat).await;
+    assert_eq!(out["answers"][1]["outcome"], "committed", "{out}");
+    let done = serde_json::json!({ "worker": "py", "items": items });
     let out = post_traced(&s, "/v1/leases/complete", &token, &handed, done).await;
     assert_eq!(out["answers"][0]["outcome"], "committed", "{out}");
+    assert_eq!(out["answers"][1]["outcome"], "committed", "{out}");
+    let traces: Vec<(String, Option<String>)> = sqlx::query_as(
+        "SELECT type, trace FROM jobledger.events WHERE job_id = $1 AND type IN ('lease_extended', 'succeeded')",
+    )
+    .bind(other_id)
+    .fetch_all(db.ledger.pool())
+    .await
+    .unwrap();
+    assert_eq!(traces.len(), 2);
+    for (ty, t) in traces {
+        let t = t.unwrap_or_else(|| panic!("{ty} is traced"));
+        assert!(
+            t.starts_with(&format!("00-{OTHER_TRACE}-")),
+            "{ty} stays in its own job's trace: {t}"
+        );
+    }
     let succeeded: (Option<String>,) =
         sqlx::query_as("SELECT trace FROM jobledger.events WHERE job_id = $1 AND type = 'succeeded'")
             .bind(job_id)
@@ -372,16 +457,24 @@ async fn the_http_api_continues_and_hands_out_the_jobs_trace() {
     let by_id = |id: &[u8]| spans.iter().find(|s| s.span_id == id).cloned();
     let request = got
         .named("POST /v1/jobs")
-        .pop()
+        .into_iter()
+        .find(|r| hex(&r.trace_id) == CALLER_TRACE)
         .expect("the enqueue request is a span");
     assert_eq!(
         hex(&request.parent_span_id),
         CALLER_SPAN,
         "it continues the caller's traceparent"
     );
-    let enqueue = got.named("jobledger.enqueue").pop().unwrap();
-    assert_eq!(enqueue.parent_span_id, request.span_id);
-    let claim = got.named("jobledger.claim").pop().unwrap();
+    let enqueue = got
+        .named("jobledger.enqueue")
+        .into_iter()
+        .find(|e| e.parent_span_id == request.span_id)
+        .expect("the enqueue is the request's child");
+    let claim = got
+        .named("jobledger.claim")
+        .into_iter()
+        .find(|c| hex(&c.trace_id) == CALLER_TRACE)
+        .unwrap();
     assert_eq!(
         claim.parent_span_id, enqueue.span_id,
         "the claim is in the job's trace"
@@ -432,17 +525,7 @@ async fn off_stores_nothing_and_a_bad_traceparent_starts_a_new_trace() {
         seen.display()
     );
     let mut worker = Command::new(env!("CARGO_BIN_EXE_jobledger"))
-        .args([
-            "worker",
-            "--queue",
-            "q",
-            "--exec",
-            &script,
-            "--poll",
-            "50ms",
-            "--no-sweeper",
-            "--no-scheduler",
-        ])
+        .args(worker_args(&script))
         .env("DATABASE_URL", &db.url)
         .env("TRACEPARENT", &caller)
         .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
@@ -516,4 +599,77 @@ async fn an_unusable_endpoint_is_a_warning_not_a_failure() {
     assert!(out.status.success(), "{stderr}");
     assert!(stderr.contains("traces are off"), "{stderr}");
     assert_eq!(db.open_jobs().await, 1);
+}
+
+/// A script driving a lease through the CLI keeps the job's trace: the
+/// grant `claim` prints names its claim span, and a write run with it as
+/// TRACEPARENT continues it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cli_lease_write_continues_its_traceparent() {
+    let db = fresh().await;
+    let (endpoint, got) = receiver().await;
+    let run = |args: &[&str], tp: Option<&str>| {
+        let mut c = jobledger(&db.url, &endpoint, args);
+        if let Some(tp) = tp {
+            c.env("TRACEPARENT", tp);
+        }
+        let out = c.output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()
+    };
+    let caller = format!("00-{CALLER_TRACE}-{CALLER_SPAN}-01");
+    run(
+        &["enqueue", "--queue", "q", "--kind", "k", "--payload", "{}"],
+        Some(&caller),
+    );
+    let grant = run(
+        &["claim", "--queue", "q", "--worker", "sh", "--lease", "60s"],
+        None,
+    );
+    let handed = grant["traceparent"]
+        .as_str()
+        .expect("the grant names its claim span")
+        .to_string();
+    let (job, epoch, token) = (
+        grant["job_id"].as_str().unwrap().to_string(),
+        grant["epoch"].to_string(),
+        grant["token"].to_string(),
+    );
+    let out = run(
+        &[
+            "complete", &job, "--epoch", &epoch, "--token", &token, "--worker", "sh",
+        ],
+        Some(&handed),
+    );
+    assert_eq!(out["outcome"], "committed", "{out}");
+    let complete = got
+        .named("jobledger complete")
+        .pop()
+        .expect("the command is a span");
+    assert_eq!(traceparent_parent(&complete), handed, "it continues TRACEPARENT");
+    let (written,): (Option<String>,) =
+        sqlx::query_as("SELECT trace FROM jobledger.events WHERE job_id = $1::uuid AND type = 'succeeded'")
+            .bind(&job)
+            .fetch_one(db.ledger.pool())
+            .await
+            .unwrap();
+    let written = written.expect("traced");
+    let spans = got.spans();
+    let mut up = spans
+        .iter()
+        .find(|s| traceparent(s) == written)
+        .expect("a span the receiver got")
+        .clone();
+    while up.span_id != complete.span_id {
+        up = spans
+            .iter()
+            .find(|s| s.span_id == up.parent_span_id)
+            .cloned()
+            .expect("the writer leads up to the command");
+    }
+}
+
+/// The `traceparent` a span names as its parent.
+fn traceparent_parent(s: &Span) -> String {
+    format!("00-{}-{}-01", hex(&s.trace_id), hex(&s.parent_span_id))
 }

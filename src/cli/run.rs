@@ -89,6 +89,40 @@ pub async fn run(cli: Cli) -> Result<i32> {
         return Ok(code);
     }
     let ledger = connect(&cli).await?;
+    let span = command_span(&cli.command);
+    dispatch(ledger, cli).instrument(span).await
+}
+
+/// With tracing on, a one-shot command is one span of its caller's trace:
+/// `TRACEPARENT`, as OpenTelemetry's environment propagation sets it for a
+/// script. A service is not (its work has traces of its own: jobs, requests).
+fn command_span(cmd: &Cmd) -> tracing::Span {
+    let service = matches!(
+        cmd,
+        Cmd::Relay { .. }
+            | Cmd::Worker { .. }
+            | Cmd::Consume { .. }
+            | Cmd::Projections { .. }
+            | Cmd::Serve { .. }
+            | Cmd::Checkpointer(_)
+            | Cmd::ChaosWorker { .. }
+    );
+    if service || !jobledger::telemetry::enabled() {
+        return tracing::Span::none();
+    }
+    // The subcommand's name as typed (parsed again: only with tracing on).
+    use clap::CommandFactory;
+    let name = Cli::command()
+        .try_get_matches_from(std::env::args_os())
+        .ok()
+        .and_then(|m| m.subcommand_name().map(str::to_owned))
+        .unwrap_or_else(|| "command".into());
+    let span = tracing::info_span!("cli", otel.name = %format!("jobledger {name}"));
+    jobledger::telemetry::adopt(&span, std::env::var("TRACEPARENT").ok().as_deref());
+    span
+}
+
+async fn dispatch(ledger: Ledger, cli: Cli) -> Result<i32> {
     match &cli.command {
         Cmd::Migrate
         | Cmd::Demo { .. }
@@ -211,11 +245,7 @@ async fn enqueue(ledger: &Ledger, cli: &Cli) -> Result<i32> {
                 concurrency_key: concurrency_key.clone(),
                 unique_for_ms: unique_for.map(ms),
             };
-            // A script already in a trace names it in TRACEPARENT (as
-            // OpenTelemetry's environment propagation does); the job joins it.
-            let span = tracing::info_span!("cli", otel.name = "jobledger enqueue");
-            jobledger::telemetry::adopt(&span, std::env::var("TRACEPARENT").ok().as_deref());
-            let e = ledger.enqueue(new).instrument(span).await?;
+            let e = ledger.enqueue(new).await?;
             line(&output::enqueued_json(&e));
             Ok(output::OK)
         }

@@ -13,6 +13,7 @@ use crate::domain::{apply, decide, Command, Ctx, Event, EventBody, Job, Outcome,
 use crate::store::jobs::{self, Locked};
 use crate::store::rejections::{self, RejectionRow};
 use crate::store::{events, tombstones, writes, EventRow, JobRow, StoreError, TombstoneRow};
+use crate::telemetry::{job_attrs, parent_for, Spans};
 
 /// The answer to one write.
 #[derive(Debug, Clone, Serialize)]
@@ -77,6 +78,13 @@ pub(crate) fn ctx(now: chrono::DateTime<chrono::Utc>, actor: &str) -> Ctx {
     }
 }
 
+/// An event row stamped with the span writing it, when tracing is on
+/// (`telemetry::write_trace`: every write path appends through here).
+pub(crate) fn traced(mut row: EventRow, job_trace: Option<&str>) -> EventRow {
+    row.trace = crate::telemetry::write_trace(row.job_id, job_trace);
+    row
+}
+
 /// Decides `cmd_for(job)` for each locked job and writes the committed ones.
 pub(crate) async fn decide_and_write(
     conn: &mut PgConnection,
@@ -121,11 +129,11 @@ pub(crate) async fn write_wave(
                     StoreError::Corrupt(format!("decide produced an event apply refuses: {e}"))
                 })?;
                 if matches!(ev.body, EventBody::Purged {}) {
-                    purge_evs.push(super::enqueue::traced(EventRow::from(ev)));
+                    purge_evs.push(traced(EventRow::from(ev), job.traceparent.as_deref()));
                     gone.push(job.job_id);
                     graves.push(TombstoneRow::of(&after, ev.recorded_at));
                 } else {
-                    evs.push(super::enqueue::traced(EventRow::from(ev)));
+                    evs.push(traced(EventRow::from(ev), job.traceparent.as_deref()));
                     prev.push(job);
                     next.push(JobRow::from(&after));
                 }
@@ -261,14 +269,22 @@ pub(crate) async fn record_refusal(
     Ok(())
 }
 
+/// One write of a batch: the job, the actor, the command, and the span
+/// the write continues (its lease's), if the caller knows one.
+pub(crate) type BatchItem = (Uuid, String, Command, Option<String>);
+
 /// Several transitions of different jobs in one transaction, each decided and
 /// fenced on its own: the batched completions and heartbeats of a worker.
-/// Results come back in the order of `items`.
+/// Each job's write is its own `span` (with tracing on), under its item's
+/// trace or else `telemetry::parent_for` its job. Results come back in the
+/// order of `items`.
 pub(crate) async fn transition_many(
     pool: &sqlx::PgPool,
-    items: Vec<(Uuid, String, Command)>,
+    items: Vec<BatchItem>,
+    span: &'static str,
 ) -> LedgerResult<Vec<WriteResult>> {
-    let mut ids: Vec<Uuid> = items.iter().map(|(id, _, _)| *id).collect();
+    let started = std::time::SystemTime::now();
+    let mut ids: Vec<Uuid> = items.iter().map(|(id, ..)| *id).collect();
     ids.sort();
     // Each job once: two writes of one job would be decided on the same
     // locked row, and the second would find it gone ("no such job").
@@ -286,7 +302,7 @@ pub(crate) async fn transition_many(
             .collect();
     let mut decided = Vec::with_capacity(items.len());
     let mut missing = Vec::new();
-    for (i, (id, actor, cmd)) in items.iter().enumerate() {
+    for (i, (id, actor, cmd, _)) in items.iter().enumerate() {
         match locked.remove(id) {
             Some((job, now)) => {
                 let d = decide(&job, cmd, &ctx(now, actor));
@@ -296,8 +312,25 @@ pub(crate) async fn transition_many(
         }
     }
     let order: Vec<usize> = decided.iter().map(|(i, _, _)| *i).collect();
-    let written = write_decisions(&mut tx, decided.into_iter().map(|(_, j, d)| (j, d)).collect()).await?;
+    let spans = Spans::start(
+        span,
+        started,
+        decided.iter().map(|(i, job, _)| {
+            let parent = items[*i]
+                .3
+                .clone()
+                .or_else(|| parent_for(job.traceparent.as_deref()));
+            (job.job_id, parent, job_attrs(job.job_id, job.epoch, job.token))
+        }),
+    );
+    let written = spans
+        .around(write_decisions(
+            &mut tx,
+            decided.into_iter().map(|(_, j, d)| (j, d)).collect(),
+        ))
+        .await?;
     tx.commit().await?;
+    spans.end();
     let mut out: Vec<Option<WriteResult>> = vec![None; items.len()];
     for (i, r) in order.into_iter().zip(written) {
         out[i] = Some(r);
@@ -318,7 +351,7 @@ pub(crate) async fn transition_many(
         });
     }
     let out: Vec<WriteResult> = out.into_iter().map(|r| r.expect("every item answered")).collect();
-    for ((_, actor, cmd), r) in items.iter().zip(&out) {
+    for ((_, actor, cmd, _), r) in items.iter().zip(&out) {
         record_refusal(pool, cmd, actor, r).await?;
     }
     Ok(out)

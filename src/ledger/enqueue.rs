@@ -7,6 +7,7 @@ use std::collections::{HashMap, HashSet};
 use tracing::instrument;
 use uuid::Uuid;
 
+use super::engine::traced;
 use super::error::{LedgerError, LedgerResult};
 use super::Ledger;
 use crate::domain::workflow::WorkflowTie;
@@ -141,12 +142,6 @@ impl Ledger {
     }
 }
 
-/// An event row stamped with the span writing it (when tracing is on).
-pub(crate) fn traced(mut row: EventRow) -> EventRow {
-    row.trace = crate::telemetry::write_trace(row.job_id);
-    row
-}
-
 /// The actor of a schedule's firings (the only one that may use slot keys).
 pub(crate) const SCHEDULER: &str = "scheduler";
 
@@ -189,9 +184,7 @@ pub(crate) async fn insert_drafts(
         actor: actor.into(),
         jitter: 0.0,
         // The job joins the trace of the span enqueueing it (this one).
-        trace: crate::telemetry::enabled()
-            .then(crate::telemetry::current)
-            .flatten(),
+        trace: crate::telemetry::here(),
     };
     let mut drafts = Vec::with_capacity(news.len());
     for ((new, epoch), tie) in news.iter().zip(epochs).zip(&ties) {
@@ -211,7 +204,10 @@ pub(crate) async fn insert_drafts(
         drafts.push((ev, job));
     }
     let rows: Vec<JobRow> = drafts.iter().map(|(_, j)| JobRow::from(j)).collect();
-    let evs: Vec<EventRow> = drafts.iter().map(|(e, _)| traced(EventRow::from(e))).collect();
+    let evs: Vec<EventRow> = drafts
+        .iter()
+        .map(|(e, j)| traced(EventRow::from(e), j.traceparent.as_deref()))
+        .collect();
     let inserted: HashMap<Uuid, i64> = jobs::insert_new_jobs(conn, rows, evs)
         .await?
         .into_iter()
@@ -284,7 +280,12 @@ async fn insert_one(
     ev: &crate::domain::Event,
     job: &Job,
 ) -> LedgerResult<Option<Enqueued>> {
-    let at = jobs::insert_new_jobs(conn, vec![JobRow::from(job)], vec![traced(EventRow::from(ev))]).await?;
+    let at = jobs::insert_new_jobs(
+        conn,
+        vec![JobRow::from(job)],
+        vec![traced(EventRow::from(ev), job.traceparent.as_deref())],
+    )
+    .await?;
     Ok(at.first().map(|(_, position)| Enqueued {
         job: job.clone(),
         created: true,

@@ -242,18 +242,6 @@ impl Lease {
                 ledger.limits.json("result", r)?;
             }
         }
-        // Each completion under its own span, a child of its handler's.
-        let spans = crate::telemetry::Spans::start(
-            "jobledger.complete",
-            std::time::SystemTime::now(),
-            items.iter().map(|(l, _)| {
-                (
-                    l.job_id,
-                    l.trace(),
-                    crate::telemetry::job_attrs(l.job_id, l.fence.epoch, l.fence.token),
-                )
-            }),
-        );
         let cmds = items
             .into_iter()
             .map(|(l, result)| {
@@ -264,13 +252,12 @@ impl Lease {
                         fence: l.fence,
                         result,
                     },
+                    // Under its handler's span.
+                    l.trace.clone(),
                 )
             })
             .collect();
-        let out =
-            crate::telemetry::with_write_traces(spans.traces(), transition_many(&ledger.pool, cmds)).await;
-        spans.end();
-        out
+        transition_many(&ledger.pool, cmds, "jobledger.complete").await
     }
 
     /// Extends several leases in one transaction, each fenced on its own.
@@ -290,9 +277,10 @@ impl Lease {
                         fence: l.fence,
                         lease_ms: millis(lease),
                     },
+                    l.trace.clone(),
                 )
             })
             .collect();
-        transition_many(&ledger.pool, cmds).await
+        transition_many(&ledger.pool, cmds, "jobledger.heartbeat").await
     }
 }

@@ -72,15 +72,18 @@ pub(super) async fn write_claims(
             let mut attrs = telemetry::job_attrs(l.row.job_id, l.row.epoch, l.row.token + 1);
             attrs.push(opentelemetry::KeyValue::new("queue", l.row.queue.clone()));
             attrs.push(opentelemetry::KeyValue::new("holder", holder.to_string()));
-            (l.row.job_id, l.row.traceparent.as_deref(), attrs)
+            (
+                l.row.job_id,
+                telemetry::parent_for(l.row.traceparent.as_deref()),
+                attrs,
+            )
         }),
     );
     let cmd = |_: &Job| Command::Claim {
         holder: holder.to_string(),
         lease_ms,
     };
-    let results =
-        telemetry::with_write_traces(spans.traces(), decide_and_write(conn, locked, holder, cmd)).await?;
+    let results = spans.around(decide_and_write(conn, locked, holder, cmd)).await?;
     Ok((results, spans))
 }
 

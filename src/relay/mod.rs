@@ -258,8 +258,8 @@ impl Relay {
             let span = publish_span(e, &k.queue);
             // The consumer's span is a child of this publish, or (relay
             // not tracing) of the write that made the event.
-            if let Some(tp) = span.traceparent().or_else(|| e.row.trace.clone()) {
-                m.headers.push((telemetry::TRACEPARENT, tp));
+            if let Some(tp) = span.traceparent().or(e.row.trace.as_deref()) {
+                m.headers.push((telemetry::TRACEPARENT, tp.to_owned()));
             }
             let mut headers = OwnedHeaders::new_with_capacity(m.headers.len());
             for (k, v) in &m.headers {

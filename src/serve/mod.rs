@@ -252,10 +252,13 @@ async fn traced(req: axum::extract::Request, next: axum::middleware::Next) -> ax
     if !jobledger::telemetry::enabled() {
         return next.run(req).await;
     }
+    // The route's pattern, never the raw path: a client must not be able to
+    // mint a span name per request.
     let route = req
         .extensions()
         .get::<axum::extract::MatchedPath>()
-        .map_or_else(|| req.uri().path().to_string(), |p| p.as_str().to_string());
+        .map_or("unmatched", |p| p.as_str())
+        .to_string();
     let name = format!("{} {route}", req.method());
     let span = tracing::info_span!("request", otel.name = %name, otel.kind = "server", http.route = %route);
     let parent = req

@@ -280,7 +280,7 @@ async fn run_job(
             None => HandlerOutcome::Permanent { code: "unknown_kind".into(), message: Some(format!("no handler for kind {}", job.kind)) },
             Some(handler) => {
                 let ctx = JobContext {
-                    lease: lease.clone().under(handler_trace()),
+                    lease: lease.clone().under(crate::telemetry::here()),
                     job: job.clone(),
                     signal: signal.clone(),
                     lease_len: shared.cfg.lease,
@@ -374,7 +374,7 @@ async fn complete(
     let (tx, rx) = oneshot::channel();
     if shared
         .committer
-        .send((lease.clone().under(handler_trace()), result.clone(), tx))
+        .send((lease.clone().under(crate::telemetry::here()), result.clone(), tx))
         .await
         .is_ok()
     {
@@ -385,13 +385,6 @@ async fn complete(
         }
     }
     with_retries(|| lease.complete(result.clone())).await
-}
-
-/// The handler's span (current here) as a `traceparent`, when tracing.
-fn handler_trace() -> Option<String> {
-    crate::telemetry::enabled()
-        .then(crate::telemetry::current)
-        .flatten()
 }
 
 fn note_write(shared: &Shared, r: &WriteResult) {
