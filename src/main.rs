@@ -20,7 +20,10 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 #[tokio::main]
 async fn main() {
     let args = cli::args::Cli::parse();
-    let otlp = match args.otlp_endpoint.as_deref().filter(|e| !e.is_empty()) {
+    let endpoint = args.otlp_endpoint.as_deref().filter(|e| !e.is_empty());
+    // The traces bench measures its own pipeline, whatever the environment says.
+    let endpoint = endpoint.filter(|_| !tools::bench_traces::wanted(&args.command));
+    let otlp = match endpoint {
         None if tools::bench_traces::wanted(&args.command) => match tools::bench_traces::pipeline() {
             Ok(o) => Some(o),
             Err(e) => {

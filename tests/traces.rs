@@ -395,6 +395,25 @@ async fn the_http_api_continues_and_hands_out_the_jobs_trace() {
     .await;
     let other_id: Uuid = other["job_id"].as_str().unwrap().parse().unwrap();
 
+    // Two traceparent headers are no trace context (W3C): a new trace.
+    let both = reqwest::Client::new()
+        .post(format!("{}/v1/jobs", s.base))
+        .bearer_auth(&token)
+        .header("traceparent", &caller)
+        .header("traceparent", format!("00-{OTHER_TRACE}-{CALLER_SPAN}-01"))
+        .json(&serde_json::json!({ "queue": "elsewhere", "kind": "k", "payload": {} }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(both.status(), 201);
+    let (tp,): (Option<String>,) =
+        sqlx::query_as("SELECT traceparent FROM jobledger.jobs WHERE queue = 'elsewhere'")
+            .fetch_one(db.ledger.pool())
+            .await
+            .unwrap();
+    let tp = tp.expect("traced");
+    assert!(!tp.contains(CALLER_TRACE) && !tp.contains(OTHER_TRACE), "{tp}");
+
     // The worker's request is in a trace of its own.
     let theirs = "00-11111111111111111111111111111111-2222222222222222-01";
     let claim = serde_json::json!({ "worker": "py", "lease_ms": 60_000, "limit": 2 });
@@ -613,6 +632,9 @@ async fn a_cli_lease_write_continues_its_traceparent() {
         if let Some(tp) = tp {
             c.env("TRACEPARENT", tp);
         }
+        // The log's level must not change the trace's shape (debug spans
+        // are enabled for the log only).
+        c.env("RUST_LOG", "debug");
         let out = c.output().unwrap();
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
         serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()
@@ -624,7 +646,7 @@ async fn a_cli_lease_write_continues_its_traceparent() {
     );
     let grant = run(
         &["claim", "--queue", "q", "--worker", "sh", "--lease", "60s"],
-        None,
+        Some(&caller),
     );
     let handed = grant["traceparent"]
         .as_str()
@@ -635,6 +657,20 @@ async fn a_cli_lease_write_continues_its_traceparent() {
         grant["epoch"].to_string(),
         grant["token"].to_string(),
     );
+    // A write from a script in no trace at all still lands in the job's.
+    run(
+        &[
+            "heartbeat",
+            &job,
+            "--epoch",
+            &epoch,
+            "--token",
+            &token,
+            "--worker",
+            "sh",
+        ],
+        None,
+    );
     let out = run(
         &[
             "complete", &job, "--epoch", &epoch, "--token", &token, "--worker", "sh",
@@ -642,6 +678,25 @@ async fn a_cli_lease_write_continues_its_traceparent() {
         Some(&handed),
     );
     assert_eq!(out["outcome"], "committed", "{out}");
+    let claim_cmd = got.named("jobledger claim").pop().expect("the command is a span");
+    let claim = got.named("jobledger.claim").pop().expect("the claim span");
+    assert_eq!(
+        claim.parent_span_id, claim_cmd.span_id,
+        "the claim is its command's child, whatever RUST_LOG says"
+    );
+    // Its span is the command's (a trace of the script's own); its event
+    // is stamped in the job's trace.
+    let (beat,): (Option<String>,) = sqlx::query_as(
+        "SELECT trace FROM jobledger.events WHERE job_id = $1::uuid AND type = 'lease_extended'",
+    )
+    .bind(&job)
+    .fetch_one(db.ledger.pool())
+    .await
+    .unwrap();
+    assert!(
+        beat.expect("traced").contains(CALLER_TRACE),
+        "a write outside any trace is stamped in its job's"
+    );
     let complete = got
         .named("jobledger complete")
         .pop()
@@ -672,4 +727,79 @@ async fn a_cli_lease_write_continues_its_traceparent() {
 /// The `traceparent` a span names as its parent.
 fn traceparent_parent(s: &Span) -> String {
     format!("00-{}-{}-01", hex(&s.trace_id), hex(&s.parent_span_id))
+}
+
+/// A workflow's fan-in continues the workflow's trace, whoever ends the
+/// last step (here a worker, in no span of the workflow's).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_workflows_fan_in_joins_its_trace() {
+    let db = fresh().await;
+    let (endpoint, _got) = receiver().await;
+    let spec = serde_json::json!({
+        "queue": "q", "name": "wf",
+        "steps": [{ "name": "a", "kind": "k" }, { "name": "b", "kind": "k", "after": ["a"] }],
+        "finally": { "name": "fin", "kind": "k" }
+    });
+    let out = jobledger(&db.url, &endpoint, &["workflow", "create", &spec.to_string()])
+        .env("TRACEPARENT", format!("00-{CALLER_TRACE}-{CALLER_SPAN}-01"))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let worker = jobledger(&db.url, &endpoint, &worker_args("echo '{}'"))
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    eventually("the workflow ends", || async { db.open_jobs().await == 0 }).await;
+    stop(worker);
+    let outside = db
+        .count(&format!(
+            "SELECT count(*) FROM jobledger.events e JOIN jobledger.jobs j USING (job_id) \
+             WHERE e.trace IS NULL OR NOT e.trace LIKE '00-{CALLER_TRACE}-%' \
+                OR NOT j.traceparent LIKE '00-{CALLER_TRACE}-%'"
+        ))
+        .await;
+    assert_eq!(
+        outside, 0,
+        "every job and event of the workflow, the fan-in's too, is in its trace"
+    );
+    assert_eq!(
+        db.count("SELECT count(*) FROM jobledger.jobs").await,
+        4,
+        "parent, two steps, fan-in"
+    );
+}
+
+/// Only a W3C trace context can be stored as one: the relay sends
+/// `events.trace` on as a header (the check holds even with the log's
+/// triggers off).
+#[tokio::test]
+async fn only_a_trace_context_is_stored_as_one() {
+    let db = fresh().await;
+    let job = db.enqueue(None, serde_json::json!({})).await;
+    let mut conn = db.conn().await;
+    let err = sqlx::raw_sql(&format!(
+        "BEGIN; SET LOCAL session_replication_role = replica; \
+         INSERT INTO jobledger.events (job_id, version, type, from_state, to_state, reason, actor, epoch, token, \
+           attempt, run, data, recorded_at, prev_hash, hash, trace) \
+         SELECT job_id, 2, type, from_state, to_state, reason, actor, epoch, token, attempt, run, data, \
+           recorded_at, hash, 'h', 'evil\r\nheader' FROM jobledger.events WHERE job_id = '{}'; COMMIT;",
+        job.job_id
+    ))
+    .execute(&mut conn)
+    .await
+    .expect_err("refused");
+    let code = err
+        .as_database_error()
+        .and_then(|e| e.code())
+        .map(|c| c.to_string());
+    assert_eq!(code.as_deref(), Some("23514"), "{err}");
+    let _ = sqlx::raw_sql("ROLLBACK").execute(&mut conn).await;
+    let err = sqlx::raw_sql(
+        "BEGIN; SET LOCAL session_replication_role = replica; \
+         UPDATE jobledger.jobs SET traceparent = '00-1-1-01'; COMMIT;",
+    )
+    .execute(&mut conn)
+    .await
+    .expect_err("refused");
+    assert!(err.to_string().contains("jobs_traceparent_w3c"), "{err}");
 }

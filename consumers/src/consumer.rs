@@ -338,14 +338,23 @@ impl FencedConsumer {
     ) -> Result<Outcome, sqlx::Error> {
         // The job's trace goes on here: the relay's publish span is this
         // span's parent, and the handler runs inside it.
-        let span = tracing::info_span!(
-            "consume",
-            otel.name = "jobledger.consume",
-            group = %self.cfg.group,
-            partition = m.partition(),
-            offset = m.offset()
-        );
-        let parent = crate::decode::header(m, crate::trace::TRACEPARENT).ok();
+        let parent = crate::decode::header(m, crate::trace::TRACEPARENT)
+            .ok()
+            .filter(|p| crate::trace::context_of(p).is_some());
+        // A message of an untraced job has no trace to continue: a root
+        // trace per message would bury the jobs' own (so: debug).
+        let span = match &parent {
+            Some(_) => tracing::info_span!(
+                "consume",
+                otel.name = "jobledger.consume",
+                group = %self.cfg.group,
+                partition = m.partition(),
+                offset = m.offset()
+            ),
+            None => {
+                tracing::debug_span!("consume", group = %self.cfg.group, partition = m.partition(), offset = m.offset())
+            }
+        };
         crate::trace::adopt(&span, parent.as_deref());
         self.process_retrying(m, handler, shutdown).instrument(span).await
     }

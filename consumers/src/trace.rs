@@ -55,10 +55,23 @@ pub fn traceparent_of(cx: &Context) -> Option<String> {
     carrier.remove(TRACEPARENT)
 }
 
-/// The `traceparent` of the current `tracing` span, when it is traced.
-/// Without the layer this is a failed downcast and `None`.
+/// The `traceparent` of the nearest span, from the current one up, that
+/// OpenTelemetry recorded. A span enabled only for the log (a `debug` span
+/// under `RUST_LOG=debug`) has no context of its own: stopping there would
+/// let the log's level decide a trace's shape. Without the layer: `None`.
 pub fn current() -> Option<String> {
-    traceparent_of(&tracing::Span::current().context())
+    let here = tracing::Span::current();
+    if let Some(tp) = traceparent_of(&here.context()) {
+        return Some(tp);
+    }
+    let id = here.id()?;
+    tracing::dispatcher::get_default(|d| {
+        let registry = d.downcast_ref::<tracing_subscriber::Registry>()?;
+        let span = tracing_subscriber::registry::LookupSpan::span(registry, &id)?;
+        span.scope().skip(1).find_map(|s| {
+            tracing_opentelemetry::get_otel_context(&s.id(), d).and_then(|cx| traceparent_of(&cx))
+        })
+    })
 }
 
 /// Makes `span` a child of `traceparent` (call it before the span is

@@ -5,6 +5,7 @@
 
 use sqlx::PgConnection;
 use std::collections::{HashMap, HashSet};
+use tracing::Instrument;
 use uuid::Uuid;
 
 use super::engine::{self, WriteResult};
@@ -335,6 +336,14 @@ async fn fan_in_if_due(conn: &mut PgConnection, parent: &Job) -> LedgerResult<()
         then: vec![],
         on_dependency_failure: DependencyPolicy::Run,
     });
-    super::enqueue::insert_drafts(conn, vec![(new, Some((f.job_id, tie)))], None, "api").await?;
+    // The fan-in joins its workflow's trace, whoever ended the last step.
+    let span = tracing::info_span!("fan_in", otel.name = "jobledger.fan_in", parent = %parent.job_id);
+    crate::telemetry::adopt(
+        &span,
+        crate::telemetry::parent_for(parent.traceparent.as_deref()).as_deref(),
+    );
+    super::enqueue::insert_drafts(conn, vec![(new, Some((f.job_id, tie)))], None, "api")
+        .instrument(span)
+        .await?;
     Ok(())
 }

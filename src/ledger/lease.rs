@@ -5,7 +5,7 @@
 use serde_json::Value;
 use sqlx::PgConnection;
 use std::time::Duration;
-use tracing::instrument;
+use tracing::{instrument, Instrument};
 use uuid::Uuid;
 
 use super::engine::{record_refusal, run_transition, transition_in, transition_many, WriteResult};
@@ -105,10 +105,28 @@ impl Lease {
         // A handle rebuilt from ids (`resume`) names its holder unchecked:
         // the fence decides, but the name is recorded, so it is checked.
         self.ledger.limits.name("worker id", &self.holder)?;
-        run_transition(&self.ledger.pool, self.job_id, &self.holder, cmd).await
+        let span = self.span(&cmd);
+        run_transition(&self.ledger.pool, self.job_id, &self.holder, cmd)
+            .instrument(span)
+            .await
     }
 
-    #[instrument(skip(self), fields(job_id = %self.job_id, token = self.fence.token))]
+    /// The span of one fenced write through this lease, named by its
+    /// command: in the job's trace by `telemetry::parent_for`, whatever task
+    /// or span it is called from (a handler's own task, a library caller).
+    fn span(&self, cmd: &Command) -> tracing::Span {
+        let span = tracing::info_span!(
+            "write",
+            otel.name = %format!("jobledger.{}", cmd.name()),
+            job_id = %self.job_id,
+            token = self.fence.token
+        );
+        let parent = crate::telemetry::parent_for(self.trace.as_deref());
+        crate::telemetry::adopt(&span, parent.as_deref());
+        span
+    }
+
+    #[instrument(level = "debug", skip(self), fields(job_id = %self.job_id, token = self.fence.token))]
     pub async fn heartbeat(&self, lease: Duration) -> LedgerResult<WriteResult> {
         self.ledger.limits.lease(lease)?;
         self.write(Command::Heartbeat {
@@ -118,7 +136,7 @@ impl Lease {
         .await
     }
 
-    #[instrument(skip(self), fields(job_id = %self.job_id, token = self.fence.token))]
+    #[instrument(level = "debug", skip(self), fields(job_id = %self.job_id, token = self.fence.token))]
     pub async fn progress(&self, step: &str, lease: Option<Duration>) -> LedgerResult<WriteResult> {
         self.ledger.limits.name("step", step)?;
         if let Some(l) = lease {
@@ -132,7 +150,7 @@ impl Lease {
         .await
     }
 
-    #[instrument(skip(self, result), fields(job_id = %self.job_id, token = self.fence.token))]
+    #[instrument(level = "debug", skip(self, result), fields(job_id = %self.job_id, token = self.fence.token))]
     pub async fn complete(&self, result: Option<Value>) -> LedgerResult<WriteResult> {
         self.check_result(&result)?;
         self.write(Command::Complete {
@@ -154,7 +172,7 @@ impl Lease {
     /// transaction only when the answer is `committed`; on anything else
     /// (including `already_committed`: the first attempt already made those
     /// business writes) drop or roll it back.
-    #[instrument(skip(self, conn, result), fields(job_id = %self.job_id, token = self.fence.token))]
+    #[instrument(level = "debug", skip(self, conn, result), fields(job_id = %self.job_id, token = self.fence.token))]
     pub async fn complete_in(
         &self,
         conn: &mut PgConnection,
@@ -166,12 +184,15 @@ impl Lease {
             fence: self.fence,
             result,
         };
-        let out = transition_in(conn, self.job_id, &self.holder, cmd.clone()).await?;
+        let span = self.span(&cmd);
+        let out = transition_in(conn, self.job_id, &self.holder, cmd.clone())
+            .instrument(span)
+            .await?;
         record_refusal(&self.ledger.pool, &cmd, &self.holder, &out).await?;
         Ok(out)
     }
 
-    #[instrument(skip(self), fields(job_id = %self.job_id, token = self.fence.token))]
+    #[instrument(level = "debug", skip(self), fields(job_id = %self.job_id, token = self.fence.token))]
     pub async fn submit(&self, receipt_id: &str) -> LedgerResult<WriteResult> {
         self.ledger.limits.name("receipt id", receipt_id)?;
         self.write(Command::Submit {
@@ -181,7 +202,7 @@ impl Lease {
         .await
     }
 
-    #[instrument(skip(self, message), fields(job_id = %self.job_id, token = self.fence.token))]
+    #[instrument(level = "debug", skip(self, message), fields(job_id = %self.job_id, token = self.fence.token))]
     pub async fn fail(
         &self,
         class: ErrorClass,
@@ -201,18 +222,18 @@ impl Lease {
         self.write(cmd).await
     }
 
-    #[instrument(skip(self), fields(job_id = %self.job_id, token = self.fence.token))]
+    #[instrument(level = "debug", skip(self), fields(job_id = %self.job_id, token = self.fence.token))]
     pub async fn confirm_cancel(&self) -> LedgerResult<WriteResult> {
         self.write(Command::ConfirmCancel { fence: self.fence }).await
     }
 
     /// Gives the job back without burning an attempt (its work never started).
-    #[instrument(skip(self), fields(job_id = %self.job_id, token = self.fence.token))]
+    #[instrument(level = "debug", skip(self), fields(job_id = %self.job_id, token = self.fence.token))]
     pub async fn release(&self) -> LedgerResult<WriteResult> {
         self.write(Command::Release { fence: self.fence }).await
     }
 
-    #[instrument(skip(self), fields(job_id = %self.job_id, token = self.fence.token))]
+    #[instrument(level = "debug", skip(self), fields(job_id = %self.job_id, token = self.fence.token))]
     pub async fn snooze(&self, delay: Duration) -> LedgerResult<WriteResult> {
         self.ledger.limits.delay(delay)?;
         self.write(Command::Snooze {
@@ -224,10 +245,16 @@ impl Lease {
 
     /// Records outside evidence (a provider's answer, a webhook). Allowed even
     /// after this lease was superseded: evidence is kept, state is not touched.
-    #[instrument(skip(self, data), fields(job_id = %self.job_id, token = self.fence.token))]
+    #[instrument(level = "debug", skip(self, data), fields(job_id = %self.job_id, token = self.fence.token))]
     pub async fn observe(&self, key: &str, data: Value) -> LedgerResult<WriteResult> {
+        let span = tracing::info_span!("write", otel.name = "jobledger.observe", job_id = %self.job_id);
+        crate::telemetry::adopt(
+            &span,
+            crate::telemetry::parent_for(self.trace.as_deref()).as_deref(),
+        );
         self.ledger
             .observe(self.job_id, Some(self.fence), key, data, &self.holder)
+            .instrument(span)
             .await
     }
 

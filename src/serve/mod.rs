@@ -261,10 +261,12 @@ async fn traced(req: axum::extract::Request, next: axum::middleware::Next) -> ax
         .to_string();
     let name = format!("{} {route}", req.method());
     let span = tracing::info_span!("request", otel.name = %name, otel.kind = "server", http.route = %route);
-    let parent = req
-        .headers()
-        .get(jobledger::telemetry::TRACEPARENT)
-        .and_then(|v| v.to_str().ok());
+    // Exactly one header, or none is continued (W3C: duplicates are invalid).
+    let mut all = req.headers().get_all(jobledger::telemetry::TRACEPARENT).iter();
+    let parent = match (all.next(), all.next()) {
+        (Some(v), None) => v.to_str().ok(),
+        _ => None,
+    };
     jobledger::telemetry::adopt(&span, parent);
     next.run(req).instrument(span).await
 }
