@@ -2,12 +2,12 @@
 //! helpers jobledger itself uses to read and write it (this crate owns the
 //! message format, so it owns this header too).
 //!
-//! Parsing and formatting go through OpenTelemetry's own propagator, never
-//! a hand-written parser. Nothing here exports anything: spans only leave
+//! Parsing goes through OpenTelemetry's own propagator, never a
+//! hand-written parser; formatting writes typed ids the way it does. Nothing here exports anything: spans only leave
 //! the process when the application installed `tracing-opentelemetry`.
 
 use opentelemetry::propagation::TextMapPropagator;
-use opentelemetry::trace::TraceContextExt;
+use opentelemetry::trace::{TraceContextExt, TraceFlags};
 use opentelemetry::Context;
 use opentelemetry_sdk::propagation::TraceContextPropagator;
 use std::collections::HashMap;
@@ -47,12 +47,20 @@ fn well_formed(v: &str) -> bool {
 
 /// The `traceparent` of a context's span; `None` when it has none.
 pub fn traceparent_of(cx: &Context) -> Option<String> {
-    if !cx.span().span_context().is_valid() {
+    let span = cx.span();
+    let sc = span.span_context();
+    if !sc.is_valid() {
         return None;
     }
-    let mut carrier = HashMap::new();
-    TraceContextPropagator::new().inject_context(cx, &mut carrier);
-    carrier.remove(TRACEPARENT)
+    // What the propagator's inject writes (version 00, only the sampled
+    // flag), without its carrier map: this runs several times per job, and
+    // formatting typed ids parses nothing (a test holds it to the propagator).
+    Some(format!(
+        "00-{}-{}-{:02x}",
+        sc.trace_id(),
+        sc.span_id(),
+        (sc.trace_flags() & TraceFlags::SAMPLED).to_u8()
+    ))
 }
 
 /// The `traceparent` of the nearest span, from the current one up, that
@@ -93,6 +101,28 @@ mod tests {
         let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
         let cx = context_of(tp).expect("valid");
         assert_eq!(traceparent_of(&cx).as_deref(), Some(tp));
+    }
+
+    #[test]
+    fn formatting_matches_the_propagators_inject() {
+        use opentelemetry::trace::{SpanContext, SpanId, TraceId, TraceState};
+        for (t, s, f) in [
+            (1u128, 1u64, 0u8),
+            (u128::MAX, u64::MAX, 1),
+            (0x4bf9_2f35, 0x00f0_67aa, 0xff),
+        ] {
+            let sc = SpanContext::new(
+                TraceId::from(t),
+                SpanId::from(s),
+                TraceFlags::new(f),
+                true,
+                TraceState::default(),
+            );
+            let cx = Context::new().with_remote_span_context(sc);
+            let mut carrier = HashMap::new();
+            TraceContextPropagator::new().inject_context(&cx, &mut carrier);
+            assert_eq!(traceparent_of(&cx), carrier.remove(TRACEPARENT));
+        }
     }
 
     #[test]
