@@ -473,6 +473,10 @@ pub enum Cmd {
         w1_jobs: usize,
         #[arg(long, default_value_t = 100_000)]
         w2_jobs: usize,
+        /// Clients enqueueing W2's batches at once (`scripts/peers` uses 1,
+        /// as the peers' batch enqueue is measured).
+        #[arg(long, default_value_t = 4)]
+        w2_clients: usize,
         #[arg(long, default_value_t = 50_000)]
         w3_jobs: usize,
         #[arg(long, default_value_t = 1_000_000)]

@@ -3,7 +3,7 @@
 //! hash chain and fence; nothing is skipped to look fast. Runs in a
 //! throwaway database on the server of --database-url, dropped afterwards.
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use serde_json::json;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -19,6 +19,7 @@ pub struct BenchArgs {
     pub only: Vec<String>,
     pub w1_jobs: usize,
     pub w2_jobs: usize,
+    pub w2_clients: usize,
     pub w3_jobs: usize,
     pub history_events: usize,
     pub latency_samples: usize,
@@ -64,7 +65,7 @@ pub async fn run(args: BenchArgs) -> Result<i32> {
             w1(&ledger, args.w1_jobs).await?;
         }
         if wants("w2") {
-            w2(&ledger, "w2", args.w2_jobs).await?;
+            w2(&ledger, "w2", args.w2_jobs, args.w2_clients).await?;
         }
         if wants("w3") {
             w3(&ledger, "w3", args.w3_jobs, args.prefetch).await?;
@@ -138,6 +139,16 @@ pub async fn drop_database(url: &str, name: &str) {
     }
 }
 
+/// A figure prints only when the log holds what it claims: `n` events of
+/// `kind` in `queue`, counted after the clock stopped.
+async fn expect_events(ledger: &Ledger, queue: &str, kind: &str, n: usize) -> Result<()> {
+    let got = ledger.count_events_in(queue, kind).await?;
+    if got != n as i64 {
+        bail!("{queue}: {got} {kind} events in the log, not {n}");
+    }
+    Ok(())
+}
+
 /// W1: one job per transaction from 8 concurrent clients.
 async fn w1(ledger: &Ledger, n: usize) -> Result<()> {
     let started = Instant::now();
@@ -154,20 +165,38 @@ async fn w1(ledger: &Ledger, n: usize) -> Result<()> {
     while let Some(r) = tasks.join_next().await {
         r??;
     }
-    report("W1 enqueue, 1 per tx, 8 clients", n, started, json!({}));
+    let took = started.elapsed();
+    expect_events(ledger, "w1", "enqueued", n).await?;
+    report(
+        "W1 enqueue, 1 per tx, 8 clients",
+        n,
+        Instant::now() - took,
+        json!({}),
+    );
     Ok(())
 }
 
-/// W2: batches of 1,000 jobs per transaction, from 4 concurrent clients
-/// (one client leaves a core idle while the other works).
-async fn w2(ledger: &Ledger, queue: &str, n: usize) -> Result<()> {
+/// W2: batches of 1,000 jobs per transaction, from 4 concurrent clients by
+/// default (one client leaves a core idle while the other works).
+async fn w2(ledger: &Ledger, queue: &str, n: usize, clients: usize) -> Result<()> {
     let started = Instant::now();
-    enqueue_batched(ledger, queue, n).await?;
-    report("W2 enqueue, batches of 1000, 4 clients", n, started, json!({}));
+    enqueue_batched_by(ledger, queue, n, clients).await?;
+    let took = started.elapsed();
+    expect_events(ledger, queue, "enqueued", n).await?;
+    let started = Instant::now() - took;
+    let label = format!(
+        "W2 enqueue, batches of 1000, {clients} client{}",
+        if clients == 1 { "" } else { "s" }
+    );
+    report(&label, n, started, json!({}));
     Ok(())
 }
 
 pub(crate) async fn enqueue_batched(ledger: &Ledger, queue: &str, n: usize) -> Result<()> {
+    enqueue_batched_by(ledger, queue, n, 4).await
+}
+
+async fn enqueue_batched_by(ledger: &Ledger, queue: &str, n: usize, clients: usize) -> Result<()> {
     let chunks: Vec<Vec<usize>> = (0..n)
         .collect::<Vec<_>>()
         .chunks(1000)
@@ -175,7 +204,7 @@ pub(crate) async fn enqueue_batched(ledger: &Ledger, queue: &str, n: usize) -> R
         .collect();
     let chunks = Arc::new(std::sync::Mutex::new(chunks));
     let mut tasks = tokio::task::JoinSet::new();
-    for _ in 0..4 {
+    for _ in 0..clients {
         let (l, chunks, queue) = (ledger.clone(), chunks.clone(), queue.to_string());
         tasks.spawn(async move {
             loop {
@@ -234,6 +263,9 @@ pub(crate) async fn drain(worker: Worker, n: usize) -> Result<Duration> {
 async fn w3(ledger: &Ledger, queue: &str, n: usize, prefetch: Option<usize>) -> Result<()> {
     enqueue_batched(ledger, queue, n).await?;
     let elapsed = drain(noop_worker(ledger, queue, 16, prefetch)?, n).await?;
+    for kind in ["enqueued", "claimed", "succeeded"] {
+        expect_events(ledger, queue, kind, n).await?;
+    }
     let events: i64 = ledger.count_events_total().await?;
     let label = if queue == "w3" {
         "W3 drain no-op jobs, 16-way"
@@ -244,7 +276,7 @@ async fn w3(ledger: &Ledger, queue: &str, n: usize, prefetch: Option<usize>) -> 
         label,
         n,
         Instant::now() - elapsed,
-        json!({ "events_in_log": events }),
+        json!({ "events_in_log": events, "prefetch": prefetch.unwrap_or(16) }),
     );
     Ok(())
 }

@@ -15,24 +15,24 @@ use std::sync::OnceLock;
 use std::time::Instant;
 
 use crate::tools::bench::{drain, enqueue_batched, noop_worker, report};
-use crate::tools::otlp_sink::{self, Counts};
+use crate::tools::otlp_sink::{self, machine_busy_ticks, postgres_ticks, process_ticks, Counts, ThreadCpu};
 use jobledger::ledger::Ledger;
 use jobledger::telemetry;
 
-const ROUNDS: usize = 5;
+const ROUNDS: usize = 7;
 
 /// The spans every job of an on round must have made and exported.
 const PER_JOB: [&str; 3] = ["jobledger.claim", "jobledger.handle", "jobledger.complete"];
 
-static SINK: OnceLock<Counts> = OnceLock::new();
+static SINK: OnceLock<(Counts, ThreadCpu)> = OnceLock::new();
 
 /// For `main`: the pipeline this workload measures, to a receiver in this
 /// process, switched off until a round turns it on.
 pub fn pipeline() -> Result<telemetry::Otlp> {
-    let (endpoint, counts) = otlp_sink::start()?;
+    let (endpoint, counts, cpu) = otlp_sink::start()?;
     let otlp = telemetry::Otlp::install(&endpoint)?;
     telemetry::set_enabled(false);
-    let _ = SINK.set(counts);
+    let _ = SINK.set((counts, cpu));
     Ok(otlp)
 }
 
@@ -41,37 +41,60 @@ pub fn wanted(cmd: &crate::cli::args::Cmd) -> bool {
     matches!(cmd, crate::cli::args::Cmd::Bench { only, .. } if only.iter().any(|o| o == "traces"))
 }
 
+/// One round's figures: drain throughput, and the CPU the whole machine
+/// (this process, PostgreSQL, the kernel) spent per job, without the
+/// receiver's own thread. The CPU figure is steadier than throughput on a VM
+/// whose speed wanders, and it is what a 2-core machine runs out of.
+struct Round {
+    jobs_per_s: f64,
+    cpu_ms_per_1k: f64,
+    own_ms_per_1k: f64,
+    pg_ms_per_1k: f64,
+    sink_ms_per_1k: f64,
+}
+
+fn median(mut v: Vec<f64>) -> (f64, f64, f64) {
+    v.sort_by(f64::total_cmp);
+    let r = |x: f64| (x * 1000.0).round() / 1000.0;
+    (r(v[v.len() / 2]), r(v[0]), r(v[v.len() - 1]))
+}
+
 pub async fn traces(ledger: &Ledger, n: usize) -> Result<()> {
-    let Some(sink) = SINK.get() else {
+    let Some((sink, sink_cpu)) = SINK.get() else {
         bail!("the traces workload needs its pipeline (run it as `bench --only traces`)");
     };
-    let mut ratios = vec![];
+    let (mut speed, mut cpu) = (vec![], vec![]);
     for round in 0..ROUNDS {
-        let off = drain_round(ledger, &format!("tr-off-{round}"), n, false).await?;
+        let off = drain_round(ledger, &format!("tr-off-{round}"), n, false, sink_cpu).await?;
         let before: Vec<u64> = PER_JOB.iter().map(|s| sink.get(s)).collect();
-        let on = drain_round(ledger, &format!("tr-on-{round}"), n, true).await?;
-        tokio::task::spawn_blocking(telemetry::flush).await?;
+        let on = drain_round(ledger, &format!("tr-on-{round}"), n, true, sink_cpu).await?;
         for (name, was) in PER_JOB.iter().zip(before) {
             let got = sink.get(name) - was;
             if got != n as u64 {
                 bail!("round {round}: {got} {name} spans reached the receiver, not {n}");
             }
         }
-        ratios.push(on / off);
+        speed.push(on.jobs_per_s / off.jobs_per_s);
+        cpu.push(on.cpu_ms_per_1k / off.cpu_ms_per_1k);
         println!(
             "{}",
             json!({ "workload": "W3 with tracing on against off", "round": round,
-                    "off_jobs_per_s": off.round(), "on_jobs_per_s": on.round(),
-                    "on_of_off": (on / off * 1000.0).round() / 1000.0 })
+                    "off_jobs_per_s": off.jobs_per_s.round(), "on_jobs_per_s": on.jobs_per_s.round(),
+                    "on_of_off": (speed[round] * 1000.0).round() / 1000.0,
+                    "off_cpu_ms_per_1k_jobs": off.cpu_ms_per_1k.round(),
+                    "on_cpu_ms_per_1k_jobs": on.cpu_ms_per_1k.round(),
+                    "receiver_cpu_ms_per_1k_jobs": on.sink_ms_per_1k.round(),
+                    "jobledger_cpu_ms_per_1k_jobs": [off.own_ms_per_1k.round(), on.own_ms_per_1k.round()],
+                    "postgres_cpu_ms_per_1k_jobs": [off.pg_ms_per_1k.round(), on.pg_ms_per_1k.round()],
+                    "cpu_on_of_off": (cpu[round] * 1000.0).round() / 1000.0 })
         );
     }
-    ratios.sort_by(f64::total_cmp);
+    let ((s_med, s_min, s_max), (c_med, c_min, c_max)) = (median(speed), median(cpu));
     println!(
         "{}",
         json!({ "workload": "W3 tracing on against off, median of the rounds", "rounds": ROUNDS,
-                "on_of_off": (ratios[ROUNDS / 2] * 1000.0).round() / 1000.0,
-                "min": (ratios[0] * 1000.0).round() / 1000.0,
-                "max": (ratios[ROUNDS - 1] * 1000.0).round() / 1000.0,
+                "on_of_off": s_med, "min": s_min, "max": s_max,
+                "cpu_on_of_off": c_med, "cpu_min": c_min, "cpu_max": c_max,
                 "spans": { "enqueue": sink.get("jobledger.enqueue"), "claim": sink.get("jobledger.claim"),
                            "handle": sink.get("jobledger.handle"), "complete": sink.get("jobledger.complete") } })
     );
@@ -79,12 +102,40 @@ pub async fn traces(ledger: &Ledger, n: usize) -> Result<()> {
 }
 
 /// Enqueues `n` jobs (traced when `on`: they carry their trace) and drains
-/// them; jobs/s of the drain.
-async fn drain_round(ledger: &Ledger, queue: &str, n: usize, on: bool) -> Result<f64> {
+/// them. On, the spans still queued are exported before the round's CPU is
+/// read, so every span's export is counted in its own round.
+async fn drain_round(
+    ledger: &Ledger,
+    queue: &str,
+    n: usize,
+    on: bool,
+    sink_cpu: &ThreadCpu,
+) -> Result<Round> {
     telemetry::set_enabled(on);
     enqueue_batched(ledger, queue, n).await?;
+    let (busy, own, pg, sink) = (
+        machine_busy_ticks(),
+        process_ticks(),
+        postgres_ticks(),
+        sink_cpu.ticks(),
+    );
     let took = drain(noop_worker(ledger, queue, 16, None)?, n).await?;
     telemetry::set_enabled(false);
+    if on {
+        tokio::task::spawn_blocking(telemetry::flush).await?;
+    }
+    let sink = sink_cpu.ticks().saturating_sub(sink);
+    let own = process_ticks().saturating_sub(own).saturating_sub(sink);
+    let pg = postgres_ticks().saturating_sub(pg);
+    let busy = machine_busy_ticks().saturating_sub(busy).saturating_sub(sink);
+    let ms_per_1k = |ticks: u64| ticks as f64 * 1000.0 / ticks_per_s() * 1000.0 / n as f64;
+    let r = Round {
+        jobs_per_s: n as f64 / took.as_secs_f64(),
+        cpu_ms_per_1k: ms_per_1k(busy),
+        own_ms_per_1k: ms_per_1k(own),
+        pg_ms_per_1k: ms_per_1k(pg),
+        sink_ms_per_1k: ms_per_1k(sink),
+    };
     report(
         if on {
             "W3 drain, tracing on"
@@ -93,7 +144,14 @@ async fn drain_round(ledger: &Ledger, queue: &str, n: usize, on: bool) -> Result
         },
         n,
         Instant::now() - took,
-        json!({}),
+        json!({ "cpu_ms_per_1k_jobs": r.cpu_ms_per_1k.round() }),
     );
-    Ok(n as f64 / took.as_secs_f64())
+    Ok(r)
+}
+
+/// The kernel's clock ticks per second (USER_HZ), in which /proc counts:
+/// 100 on every Linux x86-64 and arm64 build. The on/off ratio does not
+/// depend on it, only the absolute milliseconds do.
+fn ticks_per_s() -> f64 {
+    100.0
 }
