@@ -12,14 +12,13 @@
 use anyhow::{bail, Result};
 use serde_json::json;
 use std::sync::OnceLock;
-use std::time::Instant;
 
-use crate::tools::bench::{drain, enqueue_batched, noop_worker, report};
+use crate::tools::bench::{drain, enqueue_batched, noop_worker};
 use crate::tools::otlp_sink::{self, machine_busy_ticks, postgres_ticks, process_ticks, Counts, ThreadCpu};
 use jobledger::ledger::Ledger;
 use jobledger::telemetry;
 
-const ROUNDS: usize = 7;
+const ROUNDS: usize = 8;
 
 /// The spans every job of an on round must have made and exported.
 const PER_JOB: [&str; 3] = ["jobledger.claim", "jobledger.handle", "jobledger.complete"];
@@ -53,10 +52,17 @@ struct Round {
     sink_ms_per_1k: f64,
 }
 
+/// Median, min and max, to three places.
 fn median(mut v: Vec<f64>) -> (f64, f64, f64) {
     v.sort_by(f64::total_cmp);
     let r = |x: f64| (x * 1000.0).round() / 1000.0;
-    (r(v[v.len() / 2]), r(v[0]), r(v[v.len() - 1]))
+    let n = v.len();
+    let mid = if n % 2 == 0 {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    } else {
+        v[n / 2]
+    };
+    (r(mid), r(v[0]), r(v[n - 1]))
 }
 
 pub async fn traces(ledger: &Ledger, n: usize) -> Result<()> {
@@ -65,15 +71,41 @@ pub async fn traces(ledger: &Ledger, n: usize) -> Result<()> {
     };
     let (mut speed, mut cpu) = (vec![], vec![]);
     for round in 0..ROUNDS {
-        let off = drain_round(ledger, &format!("tr-off-{round}"), n, false, sink_cpu).await?;
-        let before: Vec<u64> = PER_JOB.iter().map(|s| sink.get(s)).collect();
-        let on = drain_round(ledger, &format!("tr-on-{round}"), n, true, sink_cpu).await?;
-        for (name, was) in PER_JOB.iter().zip(before) {
-            let got = sink.get(name) - was;
-            if got != n as u64 {
-                bail!("round {round}: {got} {name} spans reached the receiver, not {n}");
+        // Off first in even rounds, on first in odd ones: each round runs on
+        // a log the one before it grew, and neither side always goes second.
+        let mut pair = [None, None];
+        for on in if round % 2 == 0 {
+            [false, true]
+        } else {
+            [true, false]
+        } {
+            let queue = format!("tr-{}-{round}", if on { "on" } else { "off" });
+            let before: Vec<u64> = PER_JOB.iter().map(|s| sink.get(s)).collect();
+            let r = drain_round(ledger, &queue, n, on, sink_cpu).await?;
+            if on {
+                for (name, was) in PER_JOB.iter().zip(before) {
+                    let got = sink.get(name) - was;
+                    if got != n as u64 {
+                        bail!("round {round}: {got} {name} spans reached the receiver, not {n}");
+                    }
+                }
             }
+            for kind in ["enqueued", "claimed", "succeeded"] {
+                let got = ledger.count_events_in(&queue, kind).await?;
+                if got != n as i64 {
+                    bail!("round {round}: {got} {kind} events in {queue}, not {n}");
+                }
+            }
+            println!(
+                "{}",
+                json!({ "workload": if on { "W3 drain, tracing on" } else { "W3 drain, tracing off" },
+                        "jobs": n, "jobs_per_s": r.jobs_per_s.round(), "cpu_ms_per_1k_jobs": r.cpu_ms_per_1k.round() })
+            );
+            pair[usize::from(on)] = Some(r);
         }
+        let [Some(off), Some(on)] = pair else {
+            unreachable!("both sides ran")
+        };
         speed.push(on.jobs_per_s / off.jobs_per_s);
         cpu.push(on.cpu_ms_per_1k / off.cpu_ms_per_1k);
         println!(
@@ -129,24 +161,13 @@ async fn drain_round(
     let pg = postgres_ticks().saturating_sub(pg);
     let busy = machine_busy_ticks().saturating_sub(busy).saturating_sub(sink);
     let ms_per_1k = |ticks: u64| ticks as f64 * 1000.0 / ticks_per_s() * 1000.0 / n as f64;
-    let r = Round {
+    Ok(Round {
         jobs_per_s: n as f64 / took.as_secs_f64(),
         cpu_ms_per_1k: ms_per_1k(busy),
         own_ms_per_1k: ms_per_1k(own),
         pg_ms_per_1k: ms_per_1k(pg),
         sink_ms_per_1k: ms_per_1k(sink),
-    };
-    report(
-        if on {
-            "W3 drain, tracing on"
-        } else {
-            "W3 drain, tracing off"
-        },
-        n,
-        Instant::now() - took,
-        json!({ "cpu_ms_per_1k_jobs": r.cpu_ms_per_1k.round() }),
-    );
-    Ok(r)
+    })
 }
 
 /// The kernel's clock ticks per second (USER_HZ), in which /proc counts:

@@ -107,7 +107,9 @@ pub fn process_ticks() -> u64 {
 
 /// The CPU time so far of every live process named `postgres` (the server's
 /// backends and its background processes), in clock ticks: PostgreSQL's
-/// share of a round (a backend that exited during it is not counted).
+/// share of a round. Only a server on this machine is seen (0 otherwise),
+/// every local cluster is counted, and a backend that exited during the
+/// round is not: a diagnostic split, not the figure the bench stands on.
 pub fn postgres_ticks() -> u64 {
     let Ok(dir) = std::fs::read_dir("/proc") else {
         return 0;
