@@ -2,15 +2,14 @@
 //! helpers jobledger itself uses to read and write it (this crate owns the
 //! message format, so it owns this header too).
 //!
-//! Parsing goes through OpenTelemetry's own propagator, never a
-//! hand-written parser; formatting writes typed ids the way it does. Nothing here exports anything: spans only leave
+//! A value must have the W3C shape before anything reads it; the ids are
+//! then parsed by OpenTelemetry's own `from_hex` and written from its typed
+//! ids, exactly as its propagator does (tests hold the two to the same
+//! answers), without the propagator's carrier maps. Nothing here exports anything: spans only leave
 //! the process when the application installed `tracing-opentelemetry`.
 
-use opentelemetry::propagation::TextMapPropagator;
-use opentelemetry::trace::{TraceContextExt, TraceFlags};
+use opentelemetry::trace::{SpanContext, SpanId, TraceContextExt, TraceFlags, TraceId, TraceState};
 use opentelemetry::Context;
-use opentelemetry_sdk::propagation::TraceContextPropagator;
-use std::collections::HashMap;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 /// The header (and field) name, as W3C Trace Context spells it.
@@ -22,9 +21,19 @@ pub fn context_of(traceparent: &str) -> Option<Context> {
     if !well_formed(traceparent) {
         return None;
     }
-    let carrier = HashMap::from([(TRACEPARENT.to_string(), traceparent.to_string())]);
-    let cx = TraceContextPropagator::new().extract(&carrier);
-    cx.span().span_context().is_valid().then_some(cx)
+    // The shape is checked, so the fields sit at fixed places; the ids are
+    // parsed by OpenTelemetry's own `from_hex`, as its propagator does (a
+    // test holds the two to the same answers), without the carrier map:
+    // this runs several times per job.
+    let sc = SpanContext::new(
+        TraceId::from_hex(&traceparent[3..35]).ok()?,
+        SpanId::from_hex(&traceparent[36..52]).ok()?,
+        TraceFlags::new(u8::from_str_radix(&traceparent[53..55], 16).ok()?) & TraceFlags::SAMPLED,
+        true,
+        TraceState::default(),
+    );
+    sc.is_valid()
+        .then(|| Context::current().with_remote_span_context(sc))
 }
 
 /// The W3C shape: `vv-<32 hex>-<16 hex>-ff`, lower-case hex, exactly that
@@ -95,12 +104,48 @@ pub fn adopt(span: &tracing::Span, traceparent: Option<&str>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use opentelemetry::propagation::TextMapPropagator;
+    use opentelemetry_sdk::propagation::TraceContextPropagator;
+    use std::collections::HashMap;
 
     #[test]
     fn a_valid_traceparent_round_trips() {
         let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
         let cx = context_of(tp).expect("valid");
         assert_eq!(traceparent_of(&cx).as_deref(), Some(tp));
+    }
+
+    /// `context_of` answers as the propagator's extract does, for every
+    /// value of the W3C shape (the shape check comes first in both).
+    #[test]
+    fn parsing_matches_the_propagators_extract() {
+        let valid = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let mut inputs = vec![
+            valid.to_string(),
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00".into(),
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-ff".into(),
+            "00-00000000000000000000000000000000-00f067aa0ba902b7-01".into(),
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01".into(),
+            "01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-09-extra".into(),
+            "fe-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-03".into(),
+        ];
+        // Every one-character change of a valid value.
+        for i in 0..valid.len() {
+            for c in ['0', '9', 'a', 'f', 'g', 'A', '-', '+', ' '] {
+                let mut v = valid.as_bytes().to_vec();
+                v[i] = c as u8;
+                inputs.push(String::from_utf8(v).expect("ascii"));
+            }
+        }
+        for v in inputs {
+            let ours = context_of(&v).and_then(|c| traceparent_of(&c));
+            let carrier = HashMap::from([(TRACEPARENT.to_string(), v.clone())]);
+            let cx = TraceContextPropagator::new().extract(&carrier);
+            let theirs = (well_formed(&v) && cx.span().span_context().is_valid())
+                .then(|| traceparent_of(&cx))
+                .flatten();
+            assert_eq!(ours, theirs, "{v}");
+        }
     }
 
     #[test]
