@@ -5,6 +5,7 @@
 
 pub mod bench;
 pub mod bench_audit;
+pub mod bench_kafka;
 pub mod bench_limits;
 pub mod bench_serve;
 pub mod bench_traces;
