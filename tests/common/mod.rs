@@ -8,6 +8,7 @@ pub mod counting;
 pub mod fixture;
 pub mod gated;
 pub mod kafka;
+pub mod otlp;
 pub mod serve;
 pub mod workers;
 pub mod workflows;
