@@ -73,6 +73,12 @@ pub(crate) fn parent_for(job_trace: Option<&str>) -> Option<String> {
     }
 }
 
+/// Places `span` (not yet entered) in a job's trace by `parent_for`: the
+/// span of a single write or of work the ledger does for the job itself.
+pub(crate) fn place_for_job(span: &tracing::Span, job_trace: Option<&str>) {
+    adopt(span, parent_for(job_trace).as_deref());
+}
+
 /// The trace context an event of a job written now is stamped with: its
 /// job's span in a batched write (`Spans::around`), else `parent_for`.
 pub(crate) fn write_trace(job_id: Uuid, job_trace: Option<&str>) -> Option<String> {

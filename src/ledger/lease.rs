@@ -105,24 +105,20 @@ impl Lease {
         // A handle rebuilt from ids (`resume`) names its holder unchecked:
         // the fence decides, but the name is recorded, so it is checked.
         self.ledger.limits.name("worker id", &self.holder)?;
-        let span = self.span(&cmd);
+        let span = self.span(&format_args!("jobledger.{}", cmd.name()));
         run_transition(&self.ledger.pool, self.job_id, &self.holder, cmd)
             .instrument(span)
             .await
     }
 
-    /// The span of one fenced write through this lease, named by its
-    /// command: in the job's trace by `telemetry::parent_for`, whatever task
+    /// The span of one write through this lease, named by what it does (its
+    /// command): in the job's trace by `telemetry::parent_for`, whatever task
     /// or span it is called from (a handler's own task, a library caller).
-    fn span(&self, cmd: &Command) -> tracing::Span {
-        let span = tracing::info_span!(
-            "write",
-            otel.name = %format!("jobledger.{}", cmd.name()),
-            job_id = %self.job_id,
-            token = self.fence.token
-        );
-        let parent = crate::telemetry::parent_for(self.trace.as_deref());
-        crate::telemetry::adopt(&span, parent.as_deref());
+    /// The name is only formatted when the span is enabled.
+    fn span(&self, name: &dyn std::fmt::Display) -> tracing::Span {
+        let span =
+            tracing::info_span!("write", otel.name = %name, job_id = %self.job_id, token = self.fence.token);
+        crate::telemetry::place_for_job(&span, self.trace.as_deref());
         span
     }
 
@@ -184,7 +180,7 @@ impl Lease {
             fence: self.fence,
             result,
         };
-        let span = self.span(&cmd);
+        let span = self.span(&format_args!("jobledger.{}", cmd.name()));
         let out = transition_in(conn, self.job_id, &self.holder, cmd.clone())
             .instrument(span)
             .await?;
@@ -247,11 +243,7 @@ impl Lease {
     /// after this lease was superseded: evidence is kept, state is not touched.
     #[instrument(level = "debug", skip(self, data), fields(job_id = %self.job_id, token = self.fence.token))]
     pub async fn observe(&self, key: &str, data: Value) -> LedgerResult<WriteResult> {
-        let span = tracing::info_span!("write", otel.name = "jobledger.observe", job_id = %self.job_id);
-        crate::telemetry::adopt(
-            &span,
-            crate::telemetry::parent_for(self.trace.as_deref()).as_deref(),
-        );
+        let span = self.span(&"jobledger.observe");
         self.ledger
             .observe(self.job_id, Some(self.fence), key, data, &self.holder)
             .instrument(span)
