@@ -340,7 +340,7 @@ impl FencedConsumer {
         // span's parent, and the handler runs inside it.
         let parent = crate::decode::header(m, crate::trace::TRACEPARENT)
             .ok()
-            .filter(|p| crate::trace::context_of(p).is_some());
+            .and_then(|p| crate::trace::context_of(&p));
         // A message of an untraced job has no trace to continue: a root
         // trace per message would bury the jobs' own (so: debug).
         let span = match &parent {
@@ -355,7 +355,10 @@ impl FencedConsumer {
                 tracing::debug_span!("consume", group = %self.cfg.group, partition = m.partition(), offset = m.offset())
             }
         };
-        crate::trace::adopt(&span, parent.as_deref());
+        if let Some(cx) = parent {
+            // Parsed once, above; fails only for a disabled span.
+            let _ = tracing_opentelemetry::OpenTelemetrySpanExt::set_parent(&span, cx);
+        }
         self.process_retrying(m, handler, shutdown).instrument(span).await
     }
 
