@@ -43,8 +43,9 @@ pub(crate) fn job(queue: &str, i: usize) -> NewJob {
     }
 }
 
-pub(crate) fn report(workload: &str, jobs: usize, started: Instant, extra: serde_json::Value) {
-    let seconds = started.elapsed().as_secs_f64();
+/// Prints one figure: `jobs` done in `took`.
+pub(crate) fn report(workload: &str, jobs: usize, took: Duration, extra: serde_json::Value) {
+    let seconds = took.as_secs_f64();
     let mut v = json!({ "workload": workload, "jobs": jobs, "seconds": (seconds * 1000.0).round() / 1000.0,
                         "jobs_per_s": (jobs as f64 / seconds).round() });
     if let (Some(o), Some(e)) = (v.as_object_mut(), extra.as_object()) {
@@ -167,12 +168,7 @@ async fn w1(ledger: &Ledger, n: usize) -> Result<()> {
     }
     let took = started.elapsed();
     expect_events(ledger, "w1", "enqueued", n).await?;
-    report(
-        "W1 enqueue, 1 per tx, 8 clients",
-        n,
-        Instant::now() - took,
-        json!({}),
-    );
+    report("W1 enqueue, 1 per tx, 8 clients", n, took, json!({}));
     Ok(())
 }
 
@@ -183,12 +179,11 @@ async fn w2(ledger: &Ledger, queue: &str, n: usize, clients: usize) -> Result<()
     enqueue_batched_by(ledger, queue, n, clients).await?;
     let took = started.elapsed();
     expect_events(ledger, queue, "enqueued", n).await?;
-    let started = Instant::now() - took;
     let label = format!(
         "W2 enqueue, batches of 1000, {clients} client{}",
         if clients == 1 { "" } else { "s" }
     );
-    report(&label, n, started, json!({}));
+    report(&label, n, took, json!({}));
     Ok(())
 }
 
@@ -275,7 +270,7 @@ async fn w3(ledger: &Ledger, queue: &str, n: usize, prefetch: Option<usize>) -> 
     report(
         label,
         n,
-        Instant::now() - elapsed,
+        elapsed,
         json!({ "events_in_log": events, "prefetch": prefetch.unwrap_or(16) }),
     );
     Ok(())

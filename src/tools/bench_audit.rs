@@ -41,7 +41,7 @@ async fn run(ledger: &Ledger, history_events: usize, w3_jobs: usize, dir: &std::
     report(
         "checkpointer catch-up: blocks stored, head signed",
         leaves,
-        started,
+        started.elapsed(),
         json!({ "blocks": step.blocks }),
     );
 
@@ -52,7 +52,7 @@ async fn run(ledger: &Ledger, history_events: usize, w3_jobs: usize, dir: &std::
     report(
         "export, zstd NDJSON",
         n,
-        started,
+        started.elapsed(),
         json!({ "bytes": exported.bytes }),
     );
 
@@ -69,7 +69,7 @@ async fn run(ledger: &Ledger, history_events: usize, w3_jobs: usize, dir: &std::
     report(
         "audit of the export, offline (hashes, replay, Merkle root, signed heads)",
         n,
-        started,
+        started.elapsed(),
         json!({ "events_per_s": (n as f64 / started.elapsed().as_secs_f64()).round(), "jobs_in_log": audited.jobs }),
     );
 

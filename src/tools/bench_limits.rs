@@ -8,7 +8,7 @@
 
 use anyhow::{ensure, Result};
 use serde_json::json;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::bench::{drain, job, noop_worker, report};
 use jobledger::domain::JobState;
@@ -60,7 +60,7 @@ pub async fn limits(ledger: &Ledger, n: usize) -> Result<()> {
             report(
                 &format!("W3 limits: {shape}"),
                 jobs,
-                Instant::now() - took,
+                took,
                 json!({ "round": round, "keys": keys }),
             );
         }

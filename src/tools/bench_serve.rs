@@ -207,7 +207,7 @@ async fn http_w3(ledger: &Ledger, base: &str, token: &str, jobs: usize) -> Resul
             report(
                 &format!("W3 drain no-op jobs, 16-way, {label} (library, reference)"),
                 jobs,
-                Instant::now() - lib,
+                lib,
                 json!({ "round": round }),
             );
         }
@@ -238,7 +238,7 @@ async fn http_w3(ledger: &Ledger, base: &str, token: &str, jobs: usize) -> Resul
         report(
             "W3 over HTTP: 4 workers, claim 50, batched complete",
             jobs,
-            started,
+            started.elapsed(),
             json!({ "round": round, "of_library_w3_prefetch_200": (ratio * 100.0).round() / 100.0 }),
         );
     }
