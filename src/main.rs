@@ -51,7 +51,7 @@ async fn main() {
         }
     };
     if let Some(o) = otlp {
-        // Exports what is buffered; blocking, and needs this runtime free.
+        // Exports what is buffered; blocking.
         let _ = tokio::task::spawn_blocking(move || o.shutdown()).await;
     }
     std::process::exit(code);

@@ -16,8 +16,8 @@
 //! Off means off: without an endpoint no layer is installed, `enabled()` is
 //! false, and every helper here returns at its first line.
 
-use opentelemetry::trace::{Span as _, SpanBuilder, TraceContextExt, Tracer as _, TracerProvider as _};
-use opentelemetry::{Context, KeyValue};
+use opentelemetry::trace::{Span as _, SpanBuilder, Tracer as _, TracerProvider as _};
+use opentelemetry::KeyValue;
 use opentelemetry_sdk::error::{OTelSdkError, OTelSdkResult};
 use opentelemetry_sdk::trace::{
     BatchConfigBuilder, BatchSpanProcessor, SdkTracerProvider, SpanData, SpanExporter,
@@ -28,7 +28,9 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 use uuid::Uuid;
 
-pub use jobledger_consumers::trace::{adopt, context_of, current, traceparent_of, TRACEPARENT};
+pub use jobledger_consumers::trace::{
+    adopt, context_of, current, traceparent_of, traceparent_of_span, TRACEPARENT,
+};
 
 /// The instrumentation scope of every span jobledger makes.
 pub const SCOPE: &str = "jobledger";
@@ -126,7 +128,7 @@ impl ItemSpan {
             .with_attributes(attrs);
         let cx = parent.and_then(context_of).unwrap_or_default();
         let span = tracer().build_with_context(builder, &cx);
-        match traceparent_of(&Context::new().with_remote_span_context(span.span_context().clone())) {
+        match traceparent_of_span(span.span_context()) {
             Some(tp) => ItemSpan(Some((span, tp))),
             None => ItemSpan(None),
         }
@@ -248,22 +250,28 @@ pub enum TelemetryError {
 
 impl Otlp {
     /// Builds the pipeline for `endpoint` (e.g. `http://127.0.0.1:4317`),
-    /// registers it as the global provider and turns tracing on. Must run
-    /// inside a Tokio runtime: the exporter's gRPC client lives on it.
+    /// registers it as the global provider and turns tracing on. The
+    /// exporter's gRPC client lives on a runtime of its own
+    /// (`export_runtime`), not on the caller's.
     pub fn install(endpoint: &str) -> Result<Otlp, TelemetryError> {
         use opentelemetry_otlp::WithExportConfig;
-        let exporter = opentelemetry_otlp::SpanExporter::builder()
-            .with_tonic()
-            .with_endpoint(endpoint)
-            .with_timeout(Duration::from_secs(5))
-            .build()
-            .map_err(|e| TelemetryError::Exporter(e.to_string()))?;
+        let rt = export_runtime().map_err(|e| TelemetryError::Exporter(e.to_string()))?;
+        // Built inside it: the channel spawns its connection task there.
+        let exporter = {
+            let _on = rt.enter();
+            opentelemetry_otlp::SpanExporter::builder()
+                .with_tonic()
+                .with_endpoint(endpoint)
+                .with_timeout(Duration::from_secs(5))
+                .build()
+                .map_err(|e| TelemetryError::Exporter(e.to_string()))?
+        };
         let resource = opentelemetry_sdk::Resource::builder()
             .with_service_name(std::env::var("OTEL_SERVICE_NAME").unwrap_or_else(|_| SCOPE.into()))
             .build();
         let exporter = OnRuntime {
             inner: Arc::new(exporter),
-            rt: tokio::runtime::Handle::current(),
+            rt,
         };
         let processor = BatchSpanProcessor::builder(exporter)
             .with_batch_config(batch_config())
@@ -300,8 +308,9 @@ impl Otlp {
             .with_context_activation(false)
     }
 
-    /// Exports what is still buffered and stops. Blocks: call it off the
-    /// runtime's worker threads (`spawn_blocking`), whose runtime it needs.
+    /// Exports what is still buffered and stops. Blocks until the export
+    /// runtime has sent it: call it off an async runtime's worker threads
+    /// (`spawn_blocking`).
     pub fn shutdown(&self) {
         set_enabled(false);
         if let Err(e) = self.provider.shutdown() {
@@ -310,9 +319,34 @@ impl Otlp {
     }
 }
 
+/// A one-thread runtime on an OS thread of its own ("otlp-export") that
+/// runs every export: encoding a batch and sending it over gRPC. On the
+/// jobs' runtime an export of thousands of spans held a worker thread for
+/// its whole encoding, delaying the claims and completions queued behind
+/// it; here the OS shares the cores between it and them. It lives as long
+/// as the process.
+fn export_runtime() -> std::io::Result<tokio::runtime::Handle> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::Builder::new()
+        .name("otlp-export".into())
+        .spawn(
+            move || match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+                Ok(rt) => {
+                    let _ = tx.send(Ok(rt.handle().clone()));
+                    rt.block_on(std::future::pending::<()>());
+                }
+                Err(e) => {
+                    let _ = tx.send(Err(e));
+                }
+            },
+        )?;
+    rx.recv().map_err(std::io::Error::other)?
+}
+
 /// The stable batch processor exports from its own OS thread, where the
 /// tonic client finds no Tokio reactor (a known panic of the 0.28+ SDKs).
-/// Each export is run as a task on the runtime that built the exporter.
+/// Each export is run as a task on the export runtime, which built the
+/// exporter.
 #[derive(Debug)]
 struct OnRuntime<E> {
     inner: Arc<E>,

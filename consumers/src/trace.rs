@@ -56,8 +56,11 @@ fn well_formed(v: &str) -> bool {
 
 /// The `traceparent` of a context's span; `None` when it has none.
 pub fn traceparent_of(cx: &Context) -> Option<String> {
-    let span = cx.span();
-    let sc = span.span_context();
+    traceparent_of_span(cx.span().span_context())
+}
+
+/// The `traceparent` that names a span by its context; `None` when invalid.
+pub fn traceparent_of_span(sc: &SpanContext) -> Option<String> {
     if !sc.is_valid() {
         return None;
     }

@@ -276,11 +276,14 @@ async fn run_job(
         };
         metrics::counter!(m::HANDLER_RUNS, "kind" => job.kind.clone(), "next_action" => job.next_action.as_str())
             .increment(1);
+        // The handler's writes and its outcome continue this span: its
+        // traceparent is formatted once per job, not once per use.
+        let traced = lease.clone().under(crate::telemetry::here());
         let outcome = match shared.cfg.handlers.get(&job.kind).or(shared.cfg.fallback.as_ref()) {
             None => HandlerOutcome::Permanent { code: "unknown_kind".into(), message: Some(format!("no handler for kind {}", job.kind)) },
             Some(handler) => {
                 let ctx = JobContext {
-                    lease: lease.clone().under(crate::telemetry::here()),
+                    lease: traced.clone(),
                     job: job.clone(),
                     signal: signal.clone(),
                     lease_len: shared.cfg.lease,
@@ -299,7 +302,7 @@ async fn run_job(
         drop(permit);
         drop(held);
         shared.freed.notify_one();
-        finish(&shared, &lease, outcome).await;
+        finish(&shared, &traced, outcome).await;
         shared.inflight.lock().expect("inflight").remove(&job.job_id);
     }
     .instrument(span)
@@ -374,7 +377,7 @@ async fn complete(
     let (tx, rx) = oneshot::channel();
     if shared
         .committer
-        .send((lease.clone().under(crate::telemetry::here()), result.clone(), tx))
+        .send((lease.clone(), result.clone(), tx))
         .await
         .is_ok()
     {
