@@ -323,24 +323,28 @@ impl Otlp {
 /// runs every export: encoding a batch and sending it over gRPC. On the
 /// jobs' runtime an export of thousands of spans held a worker thread for
 /// its whole encoding, delaying the claims and completions queued behind
-/// it; here the OS shares the cores between it and them. It lives as long
-/// as the process.
+/// it; here the OS shares the cores between it and them. One per process,
+/// started by the first `Otlp::install` and kept for the process's life
+/// (an install that then fails leaves it idle).
 fn export_runtime() -> std::io::Result<tokio::runtime::Handle> {
+    static RT: std::sync::OnceLock<tokio::runtime::Handle> = std::sync::OnceLock::new();
+    if let Some(h) = RT.get() {
+        return Ok(h.clone());
+    }
     let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::Builder::new()
-        .name("otlp-export".into())
-        .spawn(
-            move || match tokio::runtime::Builder::new_current_thread().enable_all().build() {
-                Ok(rt) => {
-                    let _ = tx.send(Ok(rt.handle().clone()));
-                    rt.block_on(std::future::pending::<()>());
-                }
-                Err(e) => {
-                    let _ = tx.send(Err(e));
-                }
-            },
-        )?;
-    rx.recv().map_err(std::io::Error::other)?
+    std::thread::Builder::new().name("otlp-export".into()).spawn(move || {
+        match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+            Ok(rt) => {
+                let _ = tx.send(Ok(rt.handle().clone()));
+                rt.block_on(std::future::pending::<()>());
+            }
+            Err(e) => {
+                let _ = tx.send(Err(e));
+            }
+        }
+    })?;
+    let h = rx.recv().map_err(std::io::Error::other)??;
+    Ok(RT.get_or_init(|| h).clone())
 }
 
 /// The stable batch processor exports from its own OS thread, where the

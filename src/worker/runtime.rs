@@ -278,7 +278,11 @@ async fn run_job(
             .increment(1);
         // The handler's writes and its outcome continue this span: its
         // traceparent is formatted once per job, not once per use.
-        let traced = lease.clone().under(crate::telemetry::here());
+        // Else the claim's, as before (a handler span a strict filter left
+        // unrecorded has none of its own).
+        let traced = lease
+            .clone()
+            .under(crate::telemetry::here().or_else(|| lease.trace().map(str::to_owned)));
         let outcome = match shared.cfg.handlers.get(&job.kind).or(shared.cfg.fallback.as_ref()) {
             None => HandlerOutcome::Permanent { code: "unknown_kind".into(), message: Some(format!("no handler for kind {}", job.kind)) },
             Some(handler) => {
