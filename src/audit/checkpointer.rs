@@ -382,7 +382,8 @@ impl Checkpointer {
             None => (1, None),
         };
         let ev = checkpoint::checkpoint_event(&cp, version, prev, &self.cfg.holder, token);
-        events::insert_events(tx, vec![log_row(ev)]).await?;
+        events::insert_events(&mut *tx, vec![log_row(ev)]).await?;
+        crate::ledger::wake::note(tx, crate::ledger::wake::Notes::events()).await?;
         Ok(cp)
     }
 }
