@@ -382,8 +382,7 @@ impl Checkpointer {
             None => (1, None),
         };
         let ev = checkpoint::checkpoint_event(&cp, version, prev, &self.cfg.holder, token);
-        events::insert_events(&mut *tx, vec![log_row(ev)]).await?;
-        crate::ledger::wake::note(tx, crate::ledger::wake::Notes::events()).await?;
+        events::insert_events(tx, vec![log_row(ev)]).await?;
         Ok(cp)
     }
 }

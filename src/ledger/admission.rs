@@ -18,7 +18,6 @@ use uuid::Uuid;
 
 use super::error::LedgerResult;
 use super::lease::Lease;
-use super::wake;
 use super::Ledger;
 use crate::domain::admission::RateLimit;
 use crate::domain::{Job, JobState};
@@ -44,32 +43,28 @@ impl Ledger {
         lease_ms: i64,
         limit: i64,
     ) -> LedgerResult<Vec<Lease>> {
-        wake::deferred(&self.pool, async {
-            let started = std::time::SystemTime::now();
-            let mut tx = self.pool.begin().await?;
-            let rate = rate_terms(&mut tx, queue).await?;
-            let mut limit = limit;
-            if let Some(r) = rate {
-                let (used, _) = adm::rate_used(&mut *tx, queue, r.per_ms).await?;
-                limit = limit.min(i64::from(r.max) - used);
-                if limit <= 0 {
-                    return Ok(vec![]);
-                }
+        let started = std::time::SystemTime::now();
+        let mut tx = self.pool.begin().await?;
+        let rate = rate_terms(&mut tx, queue).await?;
+        let mut limit = limit;
+        if let Some(r) = rate {
+            let (used, _) = adm::rate_used(&mut *tx, queue, r.per_ms).await?;
+            limit = limit.min(i64::from(r.max) - used);
+            if limit <= 0 {
+                return Ok(vec![]);
             }
-            let pool = limit * POOL_PER_LEASE;
-            let keys = self.walk_keys(&mut tx, queue, pool).await?;
-            let candidates = adm::lock_candidates(&mut tx, queue, holder, pool, &keys).await?;
-            let chosen = admit(&mut tx, queue, candidates, limit).await?;
-            let (results, spans) =
-                super::ops::write_claims(&mut tx, chosen, holder, lease_ms, started).await?;
-            let granted = results.iter().filter(|r| r.committed()).count() as i64;
-            if let (Some(r), true) = (rate, granted > 0) {
-                adm::record_rate(&mut tx, queue, granted, r.per_ms).await?;
-            }
-            tx.commit().await?;
-            Ok(self.leases_of(&results, spans))
-        })
-        .await
+        }
+        let pool = limit * POOL_PER_LEASE;
+        let keys = self.walk_keys(&mut tx, queue, pool).await?;
+        let candidates = adm::lock_candidates(&mut tx, queue, holder, pool, &keys).await?;
+        let chosen = admit(&mut tx, queue, candidates, limit).await?;
+        let (results, spans) = super::ops::write_claims(&mut tx, chosen, holder, lease_ms, started).await?;
+        let granted = results.iter().filter(|r| r.committed()).count() as i64;
+        if let (Some(r), true) = (rate, granted > 0) {
+            adm::record_rate(&mut tx, queue, granted, r.per_ms).await?;
+        }
+        tx.commit().await?;
+        Ok(self.leases_of(&results, spans))
     }
 }
 

@@ -9,7 +9,6 @@ use sqlx::PgConnection;
 use uuid::Uuid;
 
 use super::error::{LedgerError, LedgerResult};
-use super::wake;
 use crate::domain::{apply, decide, Command, Ctx, Event, EventBody, Job, Outcome, Rejection};
 use crate::store::jobs::{self, Locked};
 use crate::store::rejections::{self, RejectionRow};
@@ -122,7 +121,6 @@ pub(crate) async fn write_wave(
     let mut results = Vec::with_capacity(decided.len());
     let (mut prev, mut next, mut evs, mut gone, mut graves) = (vec![], vec![], vec![], vec![], vec![]);
     let mut purge_evs = vec![];
-    let mut wakes = wake::Notes::events();
     for (job, decision) in &decided {
         match decision {
             Err(r) => results.push(WriteResult::rejected(job.clone(), r.clone())),
@@ -139,7 +137,6 @@ pub(crate) async fn write_wave(
                     prev.push(job);
                     next.push(JobRow::from(&after));
                 }
-                wakes.job(Some(job), &after);
                 results.push(WriteResult {
                     outcome: Outcome::Committed,
                     job_id: job.job_id,
@@ -166,9 +163,6 @@ pub(crate) async fn write_wave(
     }
     if !next.is_empty() {
         positions.extend(writes::write_transitions(conn, &prev, next, evs).await?);
-    }
-    if !positions.is_empty() {
-        wake::note(conn, wakes).await?;
     }
     for r in results.iter_mut().filter(|r| r.committed()) {
         r.position = positions.get(&r.job_id).copied();
@@ -238,18 +232,15 @@ pub(crate) async fn run_transition(
     actor: &str,
     cmd: Command,
 ) -> LedgerResult<WriteResult> {
-    wake::deferred(pool, async move {
-        let mut tx = pool.begin().await?;
-        let out = transition_in(&mut tx, job_id, actor, cmd.clone()).await?;
-        if out.committed() {
-            tx.commit().await?;
-        } else {
-            tx.rollback().await?;
-            record_refusal(pool, &cmd, actor, &out).await?;
-        }
-        Ok(out)
-    })
-    .await
+    let mut tx = pool.begin().await?;
+    let out = transition_in(&mut tx, job_id, actor, cmd.clone()).await?;
+    if out.committed() {
+        tx.commit().await?;
+    } else {
+        tx.rollback().await?;
+        record_refusal(pool, &cmd, actor, &out).await?;
+    }
+    Ok(out)
 }
 
 /// Keeps a refused write (stale, conflict, invalid transition) for the job's
@@ -292,79 +283,76 @@ pub(crate) async fn transition_many(
     items: Vec<BatchItem>,
     span: &'static str,
 ) -> LedgerResult<Vec<WriteResult>> {
-    wake::deferred(pool, async move {
-        let started = std::time::SystemTime::now();
-        let mut ids: Vec<Uuid> = items.iter().map(|(id, ..)| *id).collect();
-        ids.sort();
-        // Each job once: two writes of one job would be decided on the same
-        // locked row, and the second would find it gone ("no such job").
-        if let Some(w) = ids.windows(2).find(|w| w[0] == w[1]) {
-            return Err(super::error::LedgerError::BadInput(format!(
-                "job {} appears twice in the batch",
-                w[0]
-            )));
-        }
-        let mut tx = pool.begin().await?;
-        let mut locked: std::collections::HashMap<Uuid, (Job, chrono::DateTime<chrono::Utc>)> =
-            to_jobs(jobs::lock_jobs(&mut tx, &ids).await?)?
-                .into_iter()
-                .map(|(j, now)| (j.job_id, (j, now)))
-                .collect();
-        let mut decided = Vec::with_capacity(items.len());
-        let mut missing = Vec::new();
-        for (i, (id, actor, cmd, _)) in items.iter().enumerate() {
-            match locked.remove(id) {
-                Some((job, now)) => {
-                    let d = decide(&job, cmd, &ctx(now, actor));
-                    decided.push((i, job, d));
-                }
-                None => missing.push(i),
+    let started = std::time::SystemTime::now();
+    let mut ids: Vec<Uuid> = items.iter().map(|(id, ..)| *id).collect();
+    ids.sort();
+    // Each job once: two writes of one job would be decided on the same
+    // locked row, and the second would find it gone ("no such job").
+    if let Some(w) = ids.windows(2).find(|w| w[0] == w[1]) {
+        return Err(super::error::LedgerError::BadInput(format!(
+            "job {} appears twice in the batch",
+            w[0]
+        )));
+    }
+    let mut tx = pool.begin().await?;
+    let mut locked: std::collections::HashMap<Uuid, (Job, chrono::DateTime<chrono::Utc>)> =
+        to_jobs(jobs::lock_jobs(&mut tx, &ids).await?)?
+            .into_iter()
+            .map(|(j, now)| (j.job_id, (j, now)))
+            .collect();
+    let mut decided = Vec::with_capacity(items.len());
+    let mut missing = Vec::new();
+    for (i, (id, actor, cmd, _)) in items.iter().enumerate() {
+        match locked.remove(id) {
+            Some((job, now)) => {
+                let d = decide(&job, cmd, &ctx(now, actor));
+                decided.push((i, job, d));
             }
+            None => missing.push(i),
         }
-        let order: Vec<usize> = decided.iter().map(|(i, _, _)| *i).collect();
-        let spans = Spans::start(
-            span,
-            started,
-            decided.iter().map(|(i, job, _)| {
-                let parent = items[*i]
-                    .3
-                    .clone()
-                    .or_else(|| parent_for(job.traceparent.as_deref()));
-                (job.job_id, parent, job_attrs(job.job_id, job.epoch, job.token))
-            }),
-        );
-        let written = spans
-            .around(write_decisions(
-                &mut tx,
-                decided.into_iter().map(|(_, j, d)| (j, d)).collect(),
-            ))
-            .await?;
-        tx.commit().await?;
-        spans.end();
-        let mut out: Vec<Option<WriteResult>> = vec![None; items.len()];
-        for (i, r) in order.into_iter().zip(written) {
-            out[i] = Some(r);
-        }
-        for i in missing {
-            let id = items[i].0;
-            out[i] = Some(match tombstones::find_tombstone(pool, id).await? {
-                Some(_) => WriteResult::purged(id),
-                None => WriteResult {
-                    outcome: Outcome::Stale,
-                    job_id: id,
-                    job: None,
-                    position: None,
-                    event: None,
-                    detail: Some("no such job".into()),
-                    purged: false,
-                },
-            });
-        }
-        let out: Vec<WriteResult> = out.into_iter().map(|r| r.expect("every item answered")).collect();
-        for ((_, actor, cmd, _), r) in items.iter().zip(&out) {
-            record_refusal(pool, cmd, actor, r).await?;
-        }
-        Ok(out)
-    })
-    .await
+    }
+    let order: Vec<usize> = decided.iter().map(|(i, _, _)| *i).collect();
+    let spans = Spans::start(
+        span,
+        started,
+        decided.iter().map(|(i, job, _)| {
+            let parent = items[*i]
+                .3
+                .clone()
+                .or_else(|| parent_for(job.traceparent.as_deref()));
+            (job.job_id, parent, job_attrs(job.job_id, job.epoch, job.token))
+        }),
+    );
+    let written = spans
+        .around(write_decisions(
+            &mut tx,
+            decided.into_iter().map(|(_, j, d)| (j, d)).collect(),
+        ))
+        .await?;
+    tx.commit().await?;
+    spans.end();
+    let mut out: Vec<Option<WriteResult>> = vec![None; items.len()];
+    for (i, r) in order.into_iter().zip(written) {
+        out[i] = Some(r);
+    }
+    for i in missing {
+        let id = items[i].0;
+        out[i] = Some(match tombstones::find_tombstone(pool, id).await? {
+            Some(_) => WriteResult::purged(id),
+            None => WriteResult {
+                outcome: Outcome::Stale,
+                job_id: id,
+                job: None,
+                position: None,
+                event: None,
+                detail: Some("no such job".into()),
+                purged: false,
+            },
+        });
+    }
+    let out: Vec<WriteResult> = out.into_iter().map(|r| r.expect("every item answered")).collect();
+    for ((_, actor, cmd, _), r) in items.iter().zip(&out) {
+        record_refusal(pool, cmd, actor, r).await?;
+    }
+    Ok(out)
 }

@@ -9,7 +9,6 @@ use uuid::Uuid;
 
 use super::engine::traced;
 use super::error::{LedgerError, LedgerResult};
-use super::wake;
 use super::Ledger;
 use crate::domain::workflow::WorkflowTie;
 use crate::domain::{apply, decide_enqueue_tied, Ctx, Job, NewJob, Policy};
@@ -32,32 +31,29 @@ impl Ledger {
     /// `enqueue`, with `actor` (for example the API token's name) recorded
     /// in the `enqueued` event.
     pub async fn enqueue_as(&self, new: NewJob, actor: &str) -> LedgerResult<Enqueued> {
-        wake::deferred(&self.pool, async {
-            self.limits.name("actor", actor)?;
-            // No explicit transaction: the epoch/clock read needs none, and the
-            // job and its first event are written by one (atomic) statement.
-            // Two round trips instead of four.
-            let mut conn = self.pool.acquire().await?;
-            let mut tries = 0;
-            loop {
-                let items = vec![(new.clone(), None)];
-                match self
-                    .enqueue_drafts_in(&mut conn, items, actor)
-                    .await
-                    .map(|mut v| v.pop().expect("one in, one out"))
+        self.limits.name("actor", actor)?;
+        // No explicit transaction: the epoch/clock read needs none, and the
+        // job and its first event are written by one (atomic) statement.
+        // Two round trips instead of four.
+        let mut conn = self.pool.acquire().await?;
+        let mut tries = 0;
+        loop {
+            let items = vec![(new.clone(), None)];
+            match self
+                .enqueue_drafts_in(&mut conn, items, actor)
+                .await
+                .map(|mut v| v.pop().expect("one in, one out"))
+            {
+                // The key's previous lifecycle was purged after our epoch was
+                // drawn: nothing was written; draw again.
+                Err(LedgerError::Store(e))
+                    if e.sqlstate().as_deref() == Some(crate::store::EPOCH_BELOW_PURGED) && tries < 5 =>
                 {
-                    // The key's previous lifecycle was purged after our epoch was
-                    // drawn: nothing was written; draw again.
-                    Err(LedgerError::Store(e))
-                        if e.sqlstate().as_deref() == Some(crate::store::EPOCH_BELOW_PURGED) && tries < 5 =>
-                    {
-                        tries += 1;
-                    }
-                    other => return other,
+                    tries += 1;
                 }
+                other => return other,
             }
-        })
-        .await
+        }
     }
 
     /// Enqueues inside the caller's transaction: the job exists exactly when
@@ -78,28 +74,25 @@ impl Ledger {
     /// a key that names a job with another payload is found after the
     /// statement wrote the others, and then none of them may stay.
     pub async fn enqueue_many_as(&self, news: Vec<NewJob>, actor: &str) -> LedgerResult<Vec<Enqueued>> {
-        wake::deferred(&self.pool, async {
-            self.limits.name("actor", actor)?;
-            let mut tries = 0;
-            loop {
-                let items = news.iter().cloned().map(|n| (n, None)).collect();
-                let mut tx = self.pool.begin().await?;
-                match self.enqueue_drafts_in(&mut tx, items, actor).await {
-                    Ok(done) => {
-                        tx.commit().await?;
-                        return Ok(done);
-                    }
-                    // As in `enqueue_as`: nothing was written; draw again.
-                    Err(LedgerError::Store(e))
-                        if e.sqlstate().as_deref() == Some(crate::store::EPOCH_BELOW_PURGED) && tries < 5 =>
-                    {
-                        tries += 1;
-                    }
-                    other => return other,
+        self.limits.name("actor", actor)?;
+        let mut tries = 0;
+        loop {
+            let items = news.iter().cloned().map(|n| (n, None)).collect();
+            let mut tx = self.pool.begin().await?;
+            match self.enqueue_drafts_in(&mut tx, items, actor).await {
+                Ok(done) => {
+                    tx.commit().await?;
+                    return Ok(done);
                 }
+                // As in `enqueue_as`: nothing was written; draw again.
+                Err(LedgerError::Store(e))
+                    if e.sqlstate().as_deref() == Some(crate::store::EPOCH_BELOW_PURGED) && tries < 5 =>
+                {
+                    tries += 1;
+                }
+                other => return other,
             }
-        })
-        .await
+        }
     }
 
     #[instrument(skip_all, fields(n = news.len()))]
@@ -219,13 +212,6 @@ pub(crate) async fn insert_drafts(
         .await?
         .into_iter()
         .collect();
-    if !inserted.is_empty() {
-        let mut wakes = wake::Notes::events();
-        for (_, job) in drafts.iter().filter(|(e, _)| inserted.contains_key(&e.job_id)) {
-            wakes.job(None, job);
-        }
-        wake::note(conn, wakes).await?;
-    }
     let mut out = Vec::with_capacity(drafts.len());
     for (ev, job) in drafts {
         if let Some(position) = inserted.get(&ev.job_id) {
@@ -300,11 +286,6 @@ async fn insert_one(
         vec![traced(EventRow::from(ev), job.traceparent.as_deref())],
     )
     .await?;
-    if !at.is_empty() {
-        let mut wakes = wake::Notes::events();
-        wakes.job(None, job);
-        wake::note(conn, wakes).await?;
-    }
     Ok(at.first().map(|(_, position)| Enqueued {
         job: job.clone(),
         created: true,

@@ -17,7 +17,6 @@ pub mod tokens;
 mod validate;
 mod verdicts;
 mod verify;
-pub(crate) mod wake;
 mod workflow;
 
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};

@@ -10,7 +10,6 @@ use uuid::Uuid;
 use super::engine::{decide_and_write, run_transition, transition_in, WriteResult};
 use super::error::{LedgerError, LedgerResult};
 use super::lease::{millis, Lease};
-use super::wake;
 use super::Ledger;
 use crate::domain::{Command, Event, Fence, Job, ReceiptStatus};
 use crate::store::jobs::Locked;
@@ -102,32 +101,28 @@ impl Ledger {
         lease: Duration,
         limit: i64,
     ) -> LedgerResult<Vec<Lease>> {
-        wake::deferred(&self.pool, async {
-            self.limits.name("worker id", holder)?;
-            self.limits.name("queue", queue)?;
-            self.limits.lease(lease)?;
-            if limit < 1 {
-                return Ok(vec![]);
+        self.limits.name("worker id", holder)?;
+        self.limits.name("queue", queue)?;
+        self.limits.lease(lease)?;
+        if limit < 1 {
+            return Ok(vec![]);
+        }
+        let lease_ms = millis(lease);
+        let started = std::time::SystemTime::now();
+        let mut tx = self.pool.begin().await?;
+        let locked = jobs::lock_claimable(&mut tx, queue, holder, limit).await?;
+        if locked.is_empty() {
+            drop(tx);
+            // Nothing claimable, or a queue with controls (docs/admission.md).
+            let (paused, limited) = crate::store::admission::queue_is_controlled(&self.pool, queue).await?;
+            if limited && !paused {
+                return self.claim_limited(queue, holder, lease_ms, limit).await;
             }
-            let lease_ms = millis(lease);
-            let started = std::time::SystemTime::now();
-            let mut tx = self.pool.begin().await?;
-            let locked = jobs::lock_claimable(&mut tx, queue, holder, limit).await?;
-            if locked.is_empty() {
-                drop(tx);
-                // Nothing claimable, or a queue with controls (docs/admission.md).
-                let (paused, limited) =
-                    crate::store::admission::queue_is_controlled(&self.pool, queue).await?;
-                if limited && !paused {
-                    return self.claim_limited(queue, holder, lease_ms, limit).await;
-                }
-                return Ok(vec![]);
-            }
-            let (results, spans) = write_claims(&mut tx, locked, holder, lease_ms, started).await?;
-            tx.commit().await?;
-            Ok(self.leases_of(&results, spans))
-        })
-        .await
+            return Ok(vec![]);
+        }
+        let (results, spans) = write_claims(&mut tx, locked, holder, lease_ms, started).await?;
+        tx.commit().await?;
+        Ok(self.leases_of(&results, spans))
     }
 
     /// The leases the committed claims handed out, each continuing its own
@@ -327,11 +322,8 @@ impl Ledger {
     /// exhausted leases, and receipt deadlines. Returns what it changed.
     #[instrument(level = "debug", skip(self))]
     pub async fn sweep(&self, batch: i64) -> LedgerResult<Vec<WriteResult>> {
-        wake::deferred(&self.pool, async {
-            let mut conn = self.pool.acquire().await?;
-            self.sweep_on(&mut conn, batch).await
-        })
-        .await
+        let mut conn = self.pool.acquire().await?;
+        self.sweep_on(&mut conn, batch).await
     }
 
     /// `sweep` on one connection: the worker's active sweeper runs it on the
@@ -363,25 +355,22 @@ impl Ledger {
     /// events stay in the log.
     #[instrument(level = "debug", skip(self))]
     pub async fn purge(&self, older_than: Duration, batch: i64) -> LedgerResult<u64> {
-        wake::deferred(&self.pool, async {
-            let mut purged = 0;
-            loop {
-                let ids = jobs::purgeable_job_ids(&self.pool, millis(older_than), batch).await?;
-                if ids.is_empty() {
-                    return Ok(purged);
-                }
-                let mut tx = self.pool.begin().await?;
-                let locked = jobs::lock_jobs_skip_locked(&mut tx, &ids).await?;
-                let results = decide_and_write(&mut tx, locked, "purger", |_| Command::Purge).await?;
-                tx.commit().await?;
-                let n = results.iter().filter(|r| r.committed()).count() as u64;
-                purged += n;
-                if n == 0 {
-                    return Ok(purged);
-                }
+        let mut purged = 0;
+        loop {
+            let ids = jobs::purgeable_job_ids(&self.pool, millis(older_than), batch).await?;
+            if ids.is_empty() {
+                return Ok(purged);
             }
-        })
-        .await
+            let mut tx = self.pool.begin().await?;
+            let locked = jobs::lock_jobs_skip_locked(&mut tx, &ids).await?;
+            let results = decide_and_write(&mut tx, locked, "purger", |_| Command::Purge).await?;
+            tx.commit().await?;
+            let n = results.iter().filter(|r| r.committed()).count() as u64;
+            purged += n;
+            if n == 0 {
+                return Ok(purged);
+            }
+        }
     }
 
     pub async fn show(&self, job_id: Uuid) -> LedgerResult<Found> {

@@ -10,7 +10,6 @@ use chrono::{DateTime, Utc};
 
 use super::error::{LedgerError, LedgerResult};
 use super::validate::typed;
-use super::wake;
 use super::Ledger;
 use crate::domain::admission::{ConcurrencyLimit, RateLimit};
 use crate::domain::queue::{
@@ -211,60 +210,57 @@ impl Ledger {
         operator: &str,
         reason: &str,
     ) -> LedgerResult<QueueChange> {
-        wake::deferred(&self.pool, async {
-            self.limits.name("queue", queue)?;
-            self.limits.control("operator", operator, reason)?;
-            let mut tx = self.pool.begin().await?;
-            let row = queues::lock_queue(&mut tx, queue).await?;
-            let current = control_of(queue, row.as_ref())?;
-            let now = queues::the_clock(&mut tx).await?;
-            let e = match decide_queue(&current, &cmd, operator, reason, now) {
-                Ok(e) => e,
-                // From the row this transaction holds: asking the pool here
-                // would wait on a connection that waits on this lock.
-                Err(QueueRefusal::Already(why)) => {
-                    let status = match row {
-                        Some(r) => r.try_into()?,
-                        None => never_paused(queue),
-                    };
-                    return Ok(QueueChange {
-                        changed: false,
-                        status,
-                        detail: Some(why.into()),
-                    });
-                }
-                Err(QueueRefusal::Invalid(why)) => return Err(LedgerError::BadInput(why)),
-            };
-            let next = apply_queue(&current, &e).map_err(LedgerError::BadInput)?;
-            let row = QueueEventRow {
-                queue: e.queue.clone(),
-                version: e.version,
-                action: e.action.as_str().into(),
-                actor: e.actor.clone(),
-                reason: e.reason.clone(),
-                data: e.data.clone(),
-                recorded_at: e.recorded_at,
-                prev_hash: e.prev_hash.clone(),
-                hash: e.hash.clone(),
-            };
-            let limits = serde_json::to_value(&next.limits).expect("limits serialise");
-            let rate = next
-                .rate
-                .map(|r| serde_json::to_value(r).expect("rate serialises"));
-            let st = queues::QueueStateRow {
-                paused: next.paused.is_some(),
-                limits: &limits,
-                rate: rate.as_ref(),
-            };
-            queues::append_queue_event(&mut tx, &row, st).await?;
-            tx.commit().await?;
-            Ok(QueueChange {
-                changed: true,
-                status: self.queue_status(queue).await?,
-                detail: None,
-            })
+        self.limits.name("queue", queue)?;
+        self.limits.control("operator", operator, reason)?;
+        let mut tx = self.pool.begin().await?;
+        let row = queues::lock_queue(&mut tx, queue).await?;
+        let current = control_of(queue, row.as_ref())?;
+        let now = queues::the_clock(&mut tx).await?;
+        let e = match decide_queue(&current, &cmd, operator, reason, now) {
+            Ok(e) => e,
+            // From the row this transaction holds: asking the pool here
+            // would wait on a connection that waits on this lock.
+            Err(QueueRefusal::Already(why)) => {
+                let status = match row {
+                    Some(r) => r.try_into()?,
+                    None => never_paused(queue),
+                };
+                return Ok(QueueChange {
+                    changed: false,
+                    status,
+                    detail: Some(why.into()),
+                });
+            }
+            Err(QueueRefusal::Invalid(why)) => return Err(LedgerError::BadInput(why)),
+        };
+        let next = apply_queue(&current, &e).map_err(LedgerError::BadInput)?;
+        let row = QueueEventRow {
+            queue: e.queue.clone(),
+            version: e.version,
+            action: e.action.as_str().into(),
+            actor: e.actor.clone(),
+            reason: e.reason.clone(),
+            data: e.data.clone(),
+            recorded_at: e.recorded_at,
+            prev_hash: e.prev_hash.clone(),
+            hash: e.hash.clone(),
+        };
+        let limits = serde_json::to_value(&next.limits).expect("limits serialise");
+        let rate = next
+            .rate
+            .map(|r| serde_json::to_value(r).expect("rate serialises"));
+        let st = queues::QueueStateRow {
+            paused: next.paused.is_some(),
+            limits: &limits,
+            rate: rate.as_ref(),
+        };
+        queues::append_queue_event(&mut tx, &row, st).await?;
+        tx.commit().await?;
+        Ok(QueueChange {
+            changed: true,
+            status: self.queue_status(queue).await?,
+            detail: None,
         })
-        .await
     }
 
     /// The queue's controls (never paused: not paused, version 0).

@@ -12,7 +12,6 @@ use sqlx::PgConnection;
 
 use super::error::{LedgerError, LedgerResult};
 use super::validate::typed;
-use super::wake;
 use super::Ledger;
 use crate::domain::digest::fmt_time;
 use crate::domain::schedule::{
@@ -198,29 +197,26 @@ impl Ledger {
         operator: &str,
         reason: &str,
     ) -> LedgerResult<ScheduleStatus> {
-        wake::deferred(&self.pool, async {
-            self.limits.name("schedule", name)?;
-            typed("schedule", name)?;
-            if name.len() > MAX_SCHEDULE_NAME {
-                return Err(LedgerError::BadInput(format!(
-                    "a schedule name is at most {MAX_SCHEDULE_NAME} bytes"
-                )));
-            }
-            self.limits.control("operator", operator, reason)?;
-            let mut tx = self.pool.begin().await?;
-            let row = st::lock_schedule(&mut tx, name).await?;
-            let s = state_of(name, row.as_ref())?;
-            let now = the_clock(&mut tx).await?;
-            let next = match append(&mut tx, &s, &cmd, operator, reason, now).await? {
-                Ok(next) => next,
-                // Nothing to record: the schedule as it is.
-                Err(ScheduleRefusal::Already(_)) => s,
-                Err(ScheduleRefusal::Invalid(why)) => return Err(LedgerError::BadInput(why)),
-            };
-            tx.commit().await?;
-            status_of(&next).ok_or_else(|| LedgerError::BadInput(format!("there is no schedule {name:?}")))
-        })
-        .await
+        self.limits.name("schedule", name)?;
+        typed("schedule", name)?;
+        if name.len() > MAX_SCHEDULE_NAME {
+            return Err(LedgerError::BadInput(format!(
+                "a schedule name is at most {MAX_SCHEDULE_NAME} bytes"
+            )));
+        }
+        self.limits.control("operator", operator, reason)?;
+        let mut tx = self.pool.begin().await?;
+        let row = st::lock_schedule(&mut tx, name).await?;
+        let s = state_of(name, row.as_ref())?;
+        let now = the_clock(&mut tx).await?;
+        let next = match append(&mut tx, &s, &cmd, operator, reason, now).await? {
+            Ok(next) => next,
+            // Nothing to record: the schedule as it is.
+            Err(ScheduleRefusal::Already(_)) => s,
+            Err(ScheduleRefusal::Invalid(why)) => return Err(LedgerError::BadInput(why)),
+        };
+        tx.commit().await?;
+        status_of(&next).ok_or_else(|| LedgerError::BadInput(format!("there is no schedule {name:?}")))
     }
 
     /// Every schedule ever created (deleted ones say so).
@@ -269,43 +265,40 @@ impl Ledger {
         skew: Duration,
         out: &mut Firing,
     ) -> LedgerResult<bool> {
-        wake::deferred(&self.pool, async {
-            let mut tx = self.pool.begin().await?;
-            if !st::hold_scheduler_fence(&mut tx, token).await? {
-                return Ok(false);
-            }
-            let row = st::lock_schedule(&mut tx, name).await?;
-            let mut s = state_of(name, row.as_ref())?;
-            let (Some(spec), true, false) = (s.spec.clone(), s.live(), s.paused) else {
-                return Ok(true);
+        let mut tx = self.pool.begin().await?;
+        if !st::hold_scheduler_fence(&mut tx, token).await? {
+            return Ok(false);
+        }
+        let row = st::lock_schedule(&mut tx, name).await?;
+        let mut s = state_of(name, row.as_ref())?;
+        let (Some(spec), true, false) = (s.spec.clone(), s.live(), s.paused) else {
+            return Ok(true);
+        };
+        let now = the_clock(&mut tx).await? + skew;
+        let p = plan(&spec, s.cursor, now).map_err(LedgerError::BadInput)?;
+        if let Some(k) = p.skipped.clone() {
+            out.skipped += k.count;
+            let why = format!("missed ({:?} policy)", spec.missed).to_lowercase();
+            s = step(&mut tx, &s, &ScheduleCommand::Skip(k), &why, now).await?;
+        }
+        let jobs = p
+            .fire
+            .iter()
+            .map(|slot| (slot_job(&spec, name, *slot), None))
+            .collect();
+        let enqueued = self
+            .enqueue_drafts_in(&mut tx, jobs, super::enqueue::SCHEDULER)
+            .await?;
+        for (slot, e) in p.fire.iter().zip(enqueued) {
+            let fire = ScheduleCommand::Fire {
+                slot: *slot,
+                job_id: e.job.job_id,
             };
-            let now = the_clock(&mut tx).await? + skew;
-            let p = plan(&spec, s.cursor, now).map_err(LedgerError::BadInput)?;
-            if let Some(k) = p.skipped.clone() {
-                out.skipped += k.count;
-                let why = format!("missed ({:?} policy)", spec.missed).to_lowercase();
-                s = step(&mut tx, &s, &ScheduleCommand::Skip(k), &why, now).await?;
-            }
-            let jobs = p
-                .fire
-                .iter()
-                .map(|slot| (slot_job(&spec, name, *slot), None))
-                .collect();
-            let enqueued = self
-                .enqueue_drafts_in(&mut tx, jobs, super::enqueue::SCHEDULER)
-                .await?;
-            for (slot, e) in p.fire.iter().zip(enqueued) {
-                let fire = ScheduleCommand::Fire {
-                    slot: *slot,
-                    job_id: e.job.job_id,
-                };
-                s = step(&mut tx, &s, &fire, "slot due", now).await?;
-                out.fired.push((name.to_string(), *slot, e.job.job_id));
-            }
-            tx.commit().await?;
-            Ok(true)
-        })
-        .await
+            s = step(&mut tx, &s, &fire, "slot due", now).await?;
+            out.fired.push((name.to_string(), *slot, e.job.job_id));
+        }
+        tx.commit().await?;
+        Ok(true)
     }
 
     /// Replays every schedule's stream against `jobledger.schedules`. One

@@ -17,7 +17,6 @@ use uuid::Uuid;
 use super::engine::{self, WriteResult};
 use super::enqueue::Enqueued;
 use super::error::{LedgerError, LedgerResult};
-use super::wake;
 use super::Ledger;
 use crate::domain::workflow::{self, FanIn, Membership, StepLink, StepRef, WorkflowSpec, WorkflowTie};
 use crate::domain::{digest, Command, Job, JobState, NewJob, Outcome, Policy};
@@ -59,22 +58,19 @@ impl Ledger {
     /// `workflow`, with `actor` (an API token's name) recorded in every
     /// `enqueued` event it writes.
     pub async fn workflow_as(&self, spec: &WorkflowSpec, actor: &str) -> LedgerResult<Created> {
-        wake::deferred(&self.pool, async {
-            self.limits.name("actor", actor)?;
-            let mut tries = 0;
-            loop {
-                let mut tx = self.pool.begin().await?;
-                match self.workflow_in_as(&mut tx, spec, actor).await {
-                    Ok(c) => {
-                        tx.commit().await?;
-                        return Ok(c);
-                    }
-                    Err(e) if e.is_retryable() && tries < 5 => tries += 1,
-                    Err(e) => return Err(e),
+        self.limits.name("actor", actor)?;
+        let mut tries = 0;
+        loop {
+            let mut tx = self.pool.begin().await?;
+            match self.workflow_in_as(&mut tx, spec, actor).await {
+                Ok(c) => {
+                    tx.commit().await?;
+                    return Ok(c);
                 }
+                Err(e) if e.is_retryable() && tries < 5 => tries += 1,
+                Err(e) => return Err(e),
             }
-        })
-        .await
+        }
     }
 
     /// Creates the parent and every step inside the caller's transaction:

@@ -22,7 +22,6 @@ pub mod schema;
 pub mod search;
 pub mod tokens;
 pub mod tombstones;
-pub mod wake;
 pub mod workflows;
 pub mod writes;
 
