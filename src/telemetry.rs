@@ -332,17 +332,19 @@ fn export_runtime() -> std::io::Result<tokio::runtime::Handle> {
         return Ok(h.clone());
     }
     let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::Builder::new().name("otlp-export".into()).spawn(move || {
-        match tokio::runtime::Builder::new_current_thread().enable_all().build() {
-            Ok(rt) => {
-                let _ = tx.send(Ok(rt.handle().clone()));
-                rt.block_on(std::future::pending::<()>());
-            }
-            Err(e) => {
-                let _ = tx.send(Err(e));
-            }
-        }
-    })?;
+    std::thread::Builder::new()
+        .name("otlp-export".into())
+        .spawn(
+            move || match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+                Ok(rt) => {
+                    let _ = tx.send(Ok(rt.handle().clone()));
+                    rt.block_on(std::future::pending::<()>());
+                }
+                Err(e) => {
+                    let _ = tx.send(Err(e));
+                }
+            },
+        )?;
     let h = rx.recv().map_err(std::io::Error::other)??;
     Ok(RT.get_or_init(|| h).clone())
 }

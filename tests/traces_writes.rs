@@ -226,3 +226,48 @@ async fn only_a_trace_context_is_stored_as_one() {
     .await
     .expect("a W3C trace context is stored");
 }
+
+/// A handler's other outcomes are its children too: a permanent failure
+/// (exit 3) is written by a `jobledger.fail` span under the handler's span
+/// of the same attempt, like a completion.
+#[tokio::test]
+async fn a_handlers_failure_is_written_under_its_handler() {
+    let db = fresh().await;
+    let (endpoint, got) = receiver().await;
+    let out = jobledger(
+        &db.url,
+        &endpoint,
+        &["enqueue", "--queue", "q", "--kind", "k", "--payload", "{}"],
+    )
+    .env("TRACEPARENT", format!("00-{CALLER_TRACE}-{CALLER_SPAN}-01"))
+    .output()
+    .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let enq: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let job_id: uuid::Uuid = enq["job_id"].as_str().unwrap().parse().unwrap();
+    let worker = jobledger(&db.url, &endpoint, &worker_args("exit 3"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    eventually("the job is dead", || async {
+        db.state_of(job_id).await == jobledger::domain::JobState::Dead
+    })
+    .await;
+    // Exported within the batch processor's second; `stop` blocks this
+    // test's thread, which also serves the receiver.
+    eventually("the failure's span arrives", || async {
+        !got.named("jobledger.fail").is_empty()
+    })
+    .await;
+    stop(worker);
+    let handle = got.named("jobledger.handle");
+    let fail = got.named("jobledger.fail");
+    assert_eq!((handle.len(), fail.len()), (1, 1), "one attempt, one failure");
+    assert_eq!(hex(&fail[0].trace_id), CALLER_TRACE);
+    assert_eq!(
+        fail[0].parent_span_id, handle[0].span_id,
+        "the failure is its handler's child"
+    );
+    assert_eq!(attr(&fail[0], "token").as_deref(), Some("1"));
+}
