@@ -76,6 +76,16 @@ const chunks = (n, size) => Array.from({ length: Math.ceil(n / size) }, (_, c) =
 
 // ---- graphile-worker -------------------------------------------------------
 
+// W1's shape for every system: 8 clients, each enqueueing every 8th job,
+// one call (one transaction) per job; returns the seconds it took.
+async function eightClients(n, enqueue) {
+  const t0 = performance.now();
+  await Promise.all(Array.from({ length: 8 }, async (_, c) => {
+    for (let i = c; i < n; i += 8) await enqueue(i);
+  }));
+  return (performance.now() - t0) / 1000;
+}
+
 const GW_COUNT = "SELECT count(*) AS n FROM graphile_worker._private_jobs";
 
 async function gwUtils(url, pool = 10) {
@@ -87,11 +97,7 @@ async function gwUtils(url, pool = 10) {
 async function gwW1(n) {
   const url = await freshDb("peers_gw_w1");
   const utils = await gwUtils(url, 8);
-  const t0 = performance.now();
-  await Promise.all(Array.from({ length: 8 }, async (_, c) => {
-    for (let i = c; i < n; i += 8) await utils.addJob("noop", { i });
-  }));
-  const s = (performance.now() - t0) / 1000;
+  const s = await eightClients(n, (i) => utils.addJob("noop", { i }));
   await utils.release();
   expect("graphile-worker", "W1 jobs", await scalar(url, GW_COUNT), n);
   report("graphile-worker", "W1 enqueue, 1 per tx, 8 clients (addJob)", n, s);
@@ -165,11 +171,7 @@ async function pgBoss(url, max = 10) {
 async function pbW1(n) {
   const url = await freshDb("peers_pb_w1");
   const boss = await pgBoss(url, 8);
-  const t0 = performance.now();
-  await Promise.all(Array.from({ length: 8 }, async (_, c) => {
-    for (let i = c; i < n; i += 8) await boss.send("noop", { i });
-  }));
-  const s = (performance.now() - t0) / 1000;
+  const s = await eightClients(n, (i) => boss.send("noop", { i }));
   await boss.stop({ graceful: false, wait: true });
   expect("pg-boss", "W1 jobs", await scalar(url, PB_ALL), n);
   report("pg-boss", "W1 enqueue, 1 per tx, 8 clients (send)", n, s);

@@ -9,11 +9,11 @@
 //! layer and its filter, a little more than a process without an endpoint.
 //! That one is compared with the build before tracing in docs/benchmarks.md.
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use serde_json::json;
 use std::sync::OnceLock;
 
-use crate::tools::bench::{drain, enqueue_batched, noop_worker};
+use crate::tools::bench::{drain, enqueue_batched, expect_drained, noop_worker};
 use crate::tools::otlp_sink::{self, machine_busy_ticks, postgres_ticks, process_ticks, Counts, ThreadCpu};
 use jobledger::ledger::Ledger;
 use jobledger::telemetry;
@@ -90,12 +90,9 @@ pub async fn traces(ledger: &Ledger, n: usize) -> Result<()> {
                     }
                 }
             }
-            for kind in ["enqueued", "claimed", "succeeded"] {
-                let got = ledger.count_events_in(&queue, kind).await?;
-                if got != n as i64 {
-                    bail!("round {round}: {got} {kind} events in {queue}, not {n}");
-                }
-            }
+            expect_drained(ledger, &queue, n)
+                .await
+                .with_context(|| format!("round {round}"))?;
             println!(
                 "{}",
                 json!({ "workload": if on { "W3 drain, tracing on" } else { "W3 drain, tracing off" },
