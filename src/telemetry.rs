@@ -327,8 +327,10 @@ impl Otlp {
 /// started by the first `Otlp::install` and kept for the process's life
 /// (an install that then fails leaves it idle).
 fn export_runtime() -> std::io::Result<tokio::runtime::Handle> {
-    static RT: std::sync::OnceLock<tokio::runtime::Handle> = std::sync::OnceLock::new();
-    if let Some(h) = RT.get() {
+    // Held while the thread starts, so two first installs start one.
+    static RT: std::sync::Mutex<Option<tokio::runtime::Handle>> = std::sync::Mutex::new(None);
+    let mut rt = RT.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some(h) = rt.as_ref() {
         return Ok(h.clone());
     }
     let (tx, rx) = std::sync::mpsc::channel();
@@ -346,7 +348,8 @@ fn export_runtime() -> std::io::Result<tokio::runtime::Handle> {
             },
         )?;
     let h = rx.recv().map_err(std::io::Error::other)??;
-    Ok(RT.get_or_init(|| h).clone())
+    *rt = Some(h.clone());
+    Ok(h)
 }
 
 /// The stable batch processor exports from its own OS thread, where the
