@@ -23,17 +23,7 @@ async fn one_jobs_spans_form_one_trace_across_the_processes() {
     let seen = dir.join("traceparent");
 
     // 1. Enqueue from a script that is itself in a trace.
-    let out = jobledger(
-        &db.url,
-        &endpoint,
-        &["enqueue", "--queue", "q", "--kind", "k", "--payload", "{}"],
-    )
-    .env("TRACEPARENT", format!("00-{CALLER_TRACE}-{CALLER_SPAN}-01"))
-    .output()
-    .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let enq: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    let job_id: Uuid = enq["job_id"].as_str().unwrap().parse().unwrap();
+    let job_id = enqueue_in_callers_trace(&db.url, &endpoint);
 
     // 2. A worker runs it with a command that keeps what it was handed,
     // long enough to heartbeat.

@@ -234,17 +234,7 @@ async fn only_a_trace_context_is_stored_as_one() {
 async fn a_handlers_failure_is_written_under_its_handler() {
     let db = fresh().await;
     let (endpoint, got) = receiver().await;
-    let out = jobledger(
-        &db.url,
-        &endpoint,
-        &["enqueue", "--queue", "q", "--kind", "k", "--payload", "{}"],
-    )
-    .env("TRACEPARENT", format!("00-{CALLER_TRACE}-{CALLER_SPAN}-01"))
-    .output()
-    .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let enq: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    let job_id: uuid::Uuid = enq["job_id"].as_str().unwrap().parse().unwrap();
+    let job_id = enqueue_in_callers_trace(&db.url, &endpoint);
     let worker = jobledger(&db.url, &endpoint, &worker_args("exit 3"))
         .stdout(Stdio::null())
         .stderr(Stdio::inherit())

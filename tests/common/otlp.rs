@@ -112,6 +112,22 @@ pub fn worker_args(script: &str) -> Vec<&str> {
     ]
 }
 
+/// `jobledger enqueue` (queue `q`) from a script in the caller's trace
+/// (`TRACEPARENT` names `CALLER_TRACE`/`CALLER_SPAN`): the job's id.
+pub fn enqueue_in_callers_trace(db_url: &str, endpoint: &str) -> uuid::Uuid {
+    let out = jobledger(
+        db_url,
+        endpoint,
+        &["enqueue", "--queue", "q", "--kind", "k", "--payload", "{}"],
+    )
+    .env("TRACEPARENT", format!("00-{CALLER_TRACE}-{CALLER_SPAN}-01"))
+    .output()
+    .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let enq: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    enq["job_id"].as_str().unwrap().parse().unwrap()
+}
+
 /// SIGTERM, then the exit: a service drains and flushes its spans.
 pub fn stop(mut child: Child) {
     nix::sys::signal::kill(
