@@ -151,6 +151,35 @@ mod tests {
         }
     }
 
+    /// The other direction of the test above, whose answers are both `None`
+    /// when the shape check refuses: values the W3C grammar allows (a later
+    /// version with or without more fields, any flags) are accepted, and
+    /// the ones refused on purpose although the propagator takes them are
+    /// named.
+    #[test]
+    fn the_shape_check_refuses_only_what_it_means_to() {
+        let ids = "4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7";
+        for ok in [
+            format!("00-{ids}-00"),
+            format!("00-{ids}-ff"),
+            format!("00-{ids}-02"),
+            format!("01-{ids}-01"),
+            format!("fe-{ids}-01-anything"),
+            format!("f0-{ids}-01"),
+        ] {
+            assert!(context_of(&ok).is_some(), "{ok} is a W3C trace context");
+        }
+        for refused in [
+            format!("0A-{ids}-01"),
+            format!(" 00-{ids}-01"),
+            format!("00-{ids}-01 "),
+            format!("00-{ids}-01-"),
+            format!("ff-{ids}-01"),
+        ] {
+            assert!(context_of(&refused).is_none(), "{refused} is refused");
+        }
+    }
+
     #[test]
     fn formatting_matches_the_propagators_inject() {
         use opentelemetry::trace::{SpanContext, SpanId, TraceId, TraceState};

@@ -23,6 +23,9 @@ const ROUNDS: usize = 8;
 /// The spans every job of an on round must have made and exported.
 const PER_JOB: [&str; 3] = ["jobledger.claim", "jobledger.handle", "jobledger.complete"];
 
+/// One per batch of 1,000 enqueued jobs (`enqueue_batched`).
+const ENQUEUE: &str = "jobledger.enqueue";
+
 static SINK: OnceLock<(Counts, ThreadCpu)> = OnceLock::new();
 
 /// For `main`: the pipeline this workload measures, to a receiver in this
@@ -52,6 +55,39 @@ struct Round {
     sink_ms_per_1k: f64,
 }
 
+/// The receiver's counts before a round.
+struct Spent(Vec<(String, u64)>);
+
+impl Spent {
+    fn of(sink: &Counts) -> Self {
+        let names = PER_JOB
+            .iter()
+            .flat_map(|n| [n.to_string(), otlp_sink::root(n)])
+            .chain([ENQUEUE.to_string()]);
+        Spent(names.map(|k| (k.clone(), sink.get(&k))).collect())
+    }
+
+    /// Since `self`: each job's claim, handle and complete span, none of
+    /// them the root of a trace (each continues its job's, which began at
+    /// its enqueue), and one enqueue span per batch of 1,000.
+    fn expect_round(&self, sink: &Counts, n: usize) -> Result<()> {
+        for (name, was) in &self.0 {
+            let got = sink.get(name) - was;
+            let want = if name == ENQUEUE {
+                n.div_ceil(1000) as u64
+            } else if name.ends_with(" (root)") {
+                0
+            } else {
+                n as u64
+            };
+            if got != want {
+                bail!("{got} {name} spans reached the receiver, not {want}");
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Median, min and max, to three places.
 fn median(mut v: Vec<f64>) -> (f64, f64, f64) {
     v.sort_by(f64::total_cmp);
@@ -66,6 +102,9 @@ fn median(mut v: Vec<f64>) -> (f64, f64, f64) {
 }
 
 pub async fn traces(ledger: &Ledger, n: usize) -> Result<()> {
+    if n == 0 {
+        bail!("the traces workload needs jobs (--w3-jobs at least 1)");
+    }
     let Some((sink, sink_cpu)) = SINK.get() else {
         bail!("the traces workload needs its pipeline (run it as `bench --only traces`)");
     };
@@ -80,15 +119,12 @@ pub async fn traces(ledger: &Ledger, n: usize) -> Result<()> {
             [true, false]
         } {
             let queue = format!("tr-{}-{round}", if on { "on" } else { "off" });
-            let before: Vec<u64> = PER_JOB.iter().map(|s| sink.get(s)).collect();
+            let before = Spent::of(sink);
             let r = drain_round(ledger, &queue, n, on, sink_cpu).await?;
             if on {
-                for (name, was) in PER_JOB.iter().zip(before) {
-                    let got = sink.get(name) - was;
-                    if got != n as u64 {
-                        bail!("round {round}: {got} {name} spans reached the receiver, not {n}");
-                    }
-                }
+                before
+                    .expect_round(sink, n)
+                    .with_context(|| format!("round {round}"))?;
             }
             expect_drained(ledger, &queue, n)
                 .await
