@@ -86,9 +86,12 @@ impl Lease {
     pub fn trace(&self) -> Option<&str> {
         self.trace.as_deref()
     }
-    /// This lease, its writes continuing `trace` (the handler's span).
+    /// This lease, its writes continuing `trace` (the handler's span). A
+    /// value that is not a W3C trace context is dropped, as everywhere one
+    /// comes from outside: the write then starts no trace of its own
+    /// choosing (the stored CHECKs would refuse it, failing the write).
     pub fn under(mut self, trace: Option<String>) -> Self {
-        self.trace = trace;
+        self.trace = trace.filter(|t| crate::telemetry::context_of(t).is_some());
         self
     }
     /// Whether this lease came from taking over an expired one.
