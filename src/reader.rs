@@ -103,45 +103,48 @@ fn to_log(e: LoggedEvent) -> LogEvent {
 
 /// The versions the batch `rows` (read after `after`, ending at `next`)
 /// left out: for each job, those below its highest version in the batch
-/// that lie past the batch's end (docs/log-reader.md, trap 2). Versions in
-/// the batch's own span (from one below its lowest to its highest) are one
-/// range probe per job; only when the version below the lowest one is
-/// itself past the end (the predecessor trap at a batch's start, rare) is
-/// the job walked further down, to the first version the checkpoint passed.
+/// that lie past the batch's end (docs/log-reader.md, trap 2). Only the
+/// versions the batch lacks can be past its end: the one below its lowest
+/// and any gap between its own, each one probe of the `(job_id, version)`
+/// key. Only when the version below the lowest one is itself past the end
+/// (the predecessor trap at a batch's start, rare) is the job walked further
+/// down, to the first version the checkpoint passed.
 async fn left_out(
     conn: &mut sqlx::PgConnection,
     after: Checkpoint,
     next: Checkpoint,
     rows: &[LoggedEvent],
 ) -> LedgerResult<Vec<LoggedEvent>> {
-    let mut span: HashMap<Uuid, (i64, i64, i64)> = HashMap::new(); // (min, max, count)
+    let mut versions: HashMap<Uuid, Vec<i64>> = HashMap::new();
     for r in rows {
-        let e = span.entry(r.row.job_id).or_insert((i64::MAX, 0, 0));
-        *e = (e.0.min(r.row.version), e.1.max(r.row.version), e.2 + 1);
+        versions.entry(r.row.job_id).or_default().push(r.row.version);
     }
-    // A job whose versions in the batch are 1..=max (each once) cannot miss
-    // anything; every other job may have versions below its highest one
-    // still ahead in txid order.
-    let spans: Vec<(Uuid, i64, i64)> = span
-        .into_iter()
-        .filter(|(_, (lo, hi, n))| !(*lo == 1 && *n == *hi))
-        .map(|(id, (lo, hi, _))| (id, lo, hi))
-        .collect();
-    if spans.is_empty() {
+    let (mut jobs, mut missing) = (vec![], vec![]);
+    let mut lowest: HashMap<Uuid, i64> = HashMap::new();
+    for (id, mut vs) in versions {
+        vs.sort_unstable();
+        if vs[0] > 1 {
+            jobs.push(id);
+            missing.push(vs[0] - 1);
+            lowest.insert(id, vs[0]);
+        }
+        for w in vs.windows(2) {
+            for v in w[0] + 1..w[1] {
+                jobs.push(id);
+                missing.push(v);
+            }
+        }
+    }
+    if jobs.is_empty() {
         return Ok(vec![]);
     }
     let end = (next.txid, next.position);
-    let jobs: Vec<Uuid> = spans.iter().map(|s| s.0).collect();
-    let from: Vec<i64> = spans.iter().map(|s| (s.1 - 1).max(1)).collect();
-    let below: Vec<i64> = spans.iter().map(|s| s.2).collect();
-    let mut early = readers::versions_past(conn, end, &jobs, &from, &below).await?;
+    let mut early = readers::versions_past(conn, end, &jobs, &missing).await?;
     // Jobs whose version below the batch's lowest is past the end too.
-    let found: std::collections::HashSet<(Uuid, i64)> =
-        early.iter().map(|e| (e.row.job_id, e.row.version)).collect();
-    let deeper: Vec<(Uuid, i64)> = spans
+    let deeper: Vec<(Uuid, i64)> = early
         .iter()
-        .filter(|(id, lo, _)| found.contains(&(*id, lo - 1)))
-        .map(|(id, lo, _)| (*id, lo - 1))
+        .filter(|e| lowest.get(&e.row.job_id) == Some(&(e.row.version + 1)))
+        .map(|e| (e.row.job_id, e.row.version))
         .collect();
     if !deeper.is_empty() {
         let (jobs, up_to): (Vec<Uuid>, Vec<i64>) = deeper.into_iter().unzip();

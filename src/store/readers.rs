@@ -148,21 +148,20 @@ pub async fn events_after(
         .await?)
 }
 
-/// Per job, its versions in `from..below` that lie past the batch's end
-/// `(txid, position)`: one range probe of the `(job_id, version)` key each
-/// (`LATERAL` with `OFFSET 0`, so PostgreSQL cannot plan it as a walk of
-/// the whole unread tail; seen: 1.6 s per batch on a 1M-event log).
+/// Of the given `(job_id, version)` pairs, those whose event lies past the
+/// batch's end `(txid, position)`: one probe of the `(job_id, version)` key
+/// each (`LATERAL` with `OFFSET 0`, so PostgreSQL cannot plan it as a walk
+/// of the whole unread tail; seen: 1.6 s per batch on a 1M-event log).
 pub async fn versions_past(
     conn: &mut PgConnection,
     end: (i64, i64),
     jobs: &[Uuid],
-    from: &[i64],
-    below: &[i64],
+    versions: &[i64],
 ) -> StoreResult<Vec<LoggedEvent>> {
     let sql = format!(
-        "SELECT e.txid::text::bigint AS txid, {} FROM unnest($3::uuid[], $4::int8[], $5::int8[]) AS b(job_id, lo, v) \
+        "SELECT e.txid::text::bigint AS txid, {} FROM unnest($3::uuid[], $4::int8[]) AS b(job_id, version) \
          CROSS JOIN LATERAL (SELECT * FROM jobledger.events x WHERE x.job_id = b.job_id \
-                             AND x.version >= b.lo AND x.version < b.v OFFSET 0) e \
+                             AND x.version = b.version OFFSET 0) e \
          WHERE (e.txid, e.position) > ($1::text::xid8, $2)",
         qualified()
     );
@@ -170,8 +169,7 @@ pub async fn versions_past(
         .bind(end.0)
         .bind(end.1)
         .bind(jobs)
-        .bind(from)
-        .bind(below)
+        .bind(versions)
         .fetch_all(conn)
         .await?)
 }
