@@ -130,3 +130,41 @@ async fn a_switch_never_serves_a_rebuild_behind_the_serving_table() {
     assert_eq!(done.switched_to, Some(1));
     assert_eq!(db.count("SELECT count(*) FROM jobledger_proj.counts").await, 9);
 }
+
+/// Issue 15: a runner reads its next batch while it applies one. When
+/// another runner moves the checkpoint past that batch before it is used,
+/// the batch read ahead is stale and must be dropped: applied, its events
+/// would count twice.
+#[tokio::test]
+async fn a_batch_read_ahead_is_dropped_once_another_runner_applied_it() {
+    let db = fresh().await;
+    for i in 0..8 {
+        db.enqueue(Some(&format!("a{i}")), json!({ "i": i })).await;
+    }
+    let reader = LogReader::open(db.ledger.pool().clone(), "projections")
+        .await
+        .unwrap();
+    let a = Runner::new(db.ledger.pool().clone(), &reader, 2).await.unwrap();
+    let b = Runner::new(db.ledger.pool().clone(), &reader, 2).await.unwrap();
+    let c = counts(1);
+    // A applies events 1-2 and reads 3-4 ahead; B applies 3-4 itself.
+    assert_eq!(a.step(&[&c]).await.unwrap().applied, 2);
+    assert_eq!(b.step(&[&c]).await.unwrap().applied, 2);
+    // A's batch 3-4 is stale: A must read 5-6 instead.
+    assert_eq!(a.step(&[&c]).await.unwrap().applied, 2);
+    let twice = db
+        .count("SELECT count(*) FROM jobledger_proj.counts WHERE applied > 1")
+        .await;
+    assert_eq!(twice, 0, "no event applied twice");
+    within("a catch-up", a.catch_up(&[&c])).await.unwrap();
+    within("a catch-up", b.catch_up(&[&c])).await.unwrap();
+    let rows: Vec<(i64, i32)> = sqlx::query_as("SELECT version, applied FROM jobledger_proj.counts")
+        .fetch_all(db.ledger.pool())
+        .await
+        .unwrap();
+    assert_eq!(rows.len(), 8, "nothing skipped");
+    assert!(
+        rows.iter().all(|(_, n)| *n == 1),
+        "nothing applied twice: {rows:?}"
+    );
+}

@@ -44,6 +44,20 @@ pub struct Runner<'a> {
     /// long: each try queues an exclusive lock that new readers of the view
     /// wait behind.
     next_switch: std::sync::Mutex<Option<std::time::Instant>>,
+    /// The batch read while the previous one was being applied (see
+    /// `advance`).
+    ahead: std::sync::Mutex<std::collections::HashMap<(String, bool), Ahead>>,
+}
+
+/// A batch read ahead, kept per table (projection name, rebuild or not):
+/// used only by that table's next `advance` and only if it starts where that
+/// one starts. A batch read from a checkpoint stays a valid batch from it:
+/// everything in it was committed below the horizon when it was read, and
+/// what commits later sorts after it.
+struct Ahead {
+    from: Checkpoint,
+    events: Vec<Event>,
+    next: Checkpoint,
 }
 
 /// How long `catch_up` waits with nothing moving before it gives up: long
@@ -70,6 +84,7 @@ impl<'a> Runner<'a> {
             batch,
             patience: DEFAULT_PATIENCE,
             next_switch: std::sync::Mutex::new(None),
+            ahead: std::sync::Mutex::new(std::collections::HashMap::new()),
         })
     }
 
@@ -176,6 +191,12 @@ impl<'a> Runner<'a> {
     /// happens before the transaction (a transaction holding an xid would
     /// hold back the reader's own horizon); the transaction then locks the
     /// registry row and applies only if nobody moved the checkpoint meanwhile.
+    ///
+    /// While a full batch is applied, the next one is read on another
+    /// connection (a rebuild from position 0 spent about as long reading as
+    /// applying). Our own open transaction holds that read's horizon back,
+    /// so it may come back short or empty; an empty one is dropped, never
+    /// taken for "caught up", and the next `advance` reads again.
     async fn advance(
         &self,
         p: &dyn Projection,
@@ -191,7 +212,10 @@ impl<'a> Runner<'a> {
         } else {
             (before.checkpoint(), before.active_table.clone())
         };
-        let (events, next) = self.log.read(from, self.batch).await?;
+        let (events, next) = match self.take_ahead(name, building, from) {
+            Some(batch) => batch,
+            None => self.log.read(from, self.batch).await?,
+        };
         if events.is_empty() {
             return Ok(Advanced::Empty);
         }
@@ -199,6 +223,7 @@ impl<'a> Runner<'a> {
         // models of jobs never see them, and the checkpoint still moves
         // past them.
         let read = events.len();
+        let full = read as i64 >= self.batch;
         let events: Vec<Event> = events.into_iter().filter(|e| !e.is_log_event()).collect();
         let mut tx = self.pool.begin().await?;
         let now = registry::lock(&mut tx, name)
@@ -212,11 +237,44 @@ impl<'a> Runner<'a> {
         if current != from {
             return Ok(Advanced::Raced); // another runner moved it; our batch would apply twice
         }
-        p.apply(&mut tx, &format!("jobledger_proj.\"{table}\""), &events)
-            .await?;
-        registry::set_checkpoint(&mut tx, name, building, next).await?;
-        tx.commit().await?;
+        let table = format!("jobledger_proj.\"{table}\"");
+        let apply = async {
+            p.apply(&mut tx, &table, &events).await?;
+            registry::set_checkpoint(&mut tx, name, building, next).await?;
+            tx.commit().await?;
+            Ok::<_, ProjectionError>(())
+        };
+        let read_ahead = async {
+            if full {
+                self.log.read(next, self.batch).await.ok()
+            } else {
+                None
+            }
+        };
+        let (applied, ahead) = tokio::join!(apply, read_ahead);
+        applied?;
+        if let Some((events, after)) = ahead.filter(|(e, _)| !e.is_empty()) {
+            self.ahead.lock().expect("not poisoned").insert(
+                (name.to_string(), building),
+                Ahead {
+                    from: next,
+                    events,
+                    next: after,
+                },
+            );
+        }
         Ok(Advanced::Applied(read))
+    }
+
+    /// The batch read ahead for this table from `from`, if there is one
+    /// (any other is stale and dropped).
+    fn take_ahead(&self, name: &str, building: bool, from: Checkpoint) -> Option<(Vec<Event>, Checkpoint)> {
+        let a = self
+            .ahead
+            .lock()
+            .expect("not poisoned")
+            .remove(&(name.to_string(), building))?;
+        (a.from == from).then_some((a.events, a.next))
     }
 
     /// The rebuilt table caught up with the live tail: the view moves to it
