@@ -250,6 +250,71 @@ async fn jobs_rebuilt_equals_the_inline_projection() {
     assert_eq!(db.ledger.compare_rebuilt().await.unwrap().len(), 1);
 }
 
+/// Issue 15: `queue_stats` finds each queue's oldest open job through a
+/// partial index of its side table. Before version 3 it scanned every job
+/// the projection had ever seen, once per batch, so a rebuild slowed as the
+/// log grew. The index must exist and serve the lookup's shape.
+#[tokio::test]
+async fn queue_stats_finds_the_oldest_open_job_through_an_index() {
+    use jobledger_projections::shipped::QueueStats;
+    let db = fresh().await;
+    let reader = LogReader::source(db.ledger.pool().clone());
+    let runner = Runner::new(db.ledger.pool().clone(), &reader, 100).await.unwrap();
+    let first = db.enqueue(Some("o1"), json!({})).await;
+    let second = db.enqueue(Some("o2"), json!({})).await;
+    within("a catch-up", runner.catch_up(&[&QueueStats]))
+        .await
+        .unwrap();
+    let oldest = |db: &TestDb| {
+        let pool = db.ledger.pool().clone();
+        async move {
+            sqlx::query_scalar::<_, Option<chrono::DateTime<chrono::Utc>>>(
+                "SELECT oldest_pending_at FROM jobledger_proj.queue_stats WHERE queue = 'q'",
+            )
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+        }
+    };
+    assert_eq!(oldest(&db).await, Some(first.created_at));
+    let lease = db.claim_one("w").await;
+    assert_eq!(lease.job_id(), first.job_id);
+    lease.complete(None).await.unwrap();
+    within("a catch-up", runner.catch_up(&[&QueueStats]))
+        .await
+        .unwrap();
+    assert_eq!(
+        oldest(&db).await,
+        Some(second.created_at),
+        "the first left the backlog"
+    );
+
+    let side: String = sqlx::query_scalar(
+        "SELECT active_table || '__jobs' FROM jobledger_proj.registry WHERE name = 'queue_stats'",
+    )
+    .fetch_one(db.ledger.pool())
+    .await
+    .unwrap();
+    let mut conn = db.conn().await;
+    sqlx::query("SET enable_seqscan = off")
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    let plan: Vec<String> = sqlx::query_scalar(&format!(
+        "EXPLAIN SELECT min(created_at) FROM jobledger_proj.\"{side}\" WHERE queue = 'q' \
+         AND state IN ('queued', 'leased', 'cancel_requested', 'awaiting_receipt', 'waiting')"
+    ))
+    .fetch_all(&mut conn)
+    .await
+    .unwrap();
+    assert!(
+        plan.iter()
+            .any(|l| l.contains("Index") && l.contains("queue_created_at"))
+            && !plan.iter().any(|l| l.contains("Seq Scan")),
+        "{plan:#?}"
+    );
+}
+
 /// A crash mid-batch rolls the batch and its checkpoint back together; the
 /// next run applies it once: the numbers equal a fresh rebuild.
 #[tokio::test]

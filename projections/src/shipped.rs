@@ -69,6 +69,10 @@ pub struct QueueStats;
 /// Version 2 (issue 11) adds the workflow states: a step `waiting` for its
 /// prerequisites, a parent `running` or `failing`. Version 1 did not count
 /// them; the runner rebuilds version 2 from position 0 beside it.
+/// Version 3 (issue 15) indexes the side table's open jobs by queue and
+/// age: each batch's `oldest_pending_at` scanned every job ever seen (47 ms a
+/// batch at 333,000 jobs, growing with the log), and is now the index's
+/// first entry.
 const STATES: [&str; 10] = [
     "queued",
     "leased",
@@ -96,7 +100,7 @@ impl Projection for QueueStats {
         "queue_stats"
     }
     fn version(&self) -> i32 {
-        2
+        3
     }
     fn create<'a>(
         &'a self,
@@ -119,6 +123,14 @@ impl Projection for QueueStats {
                 "CREATE TABLE {} (job_id uuid PRIMARY KEY, queue text NOT NULL, state text NOT NULL, \
                  version bigint NOT NULL, created_at timestamptz NOT NULL)",
                 side(table)
+            ))
+            .execute(&mut *tx)
+            .await?;
+            // Only open jobs enter it, so it stays the size of the backlog.
+            sqlx::query(&format!(
+                "CREATE INDEX ON {} (queue, created_at) WHERE state IN ({})",
+                side(table),
+                open_list()
             ))
             .execute(&mut *tx)
             .await?;
@@ -240,18 +252,29 @@ impl Projection for QueueStats {
                     .execute(&mut *tx)
                     .await?;
             }
+            // The states are spelled out as the index's predicate is: a
+            // bound array would not let the planner prove it.
             sqlx::query(&format!(
                 "UPDATE {table} t SET oldest_pending_at = (SELECT min(created_at) FROM {} j \
-                 WHERE j.queue = t.queue AND j.state = ANY($2)) WHERE t.queue = ANY($1)",
-                side(table)
+                 WHERE j.queue = t.queue AND j.state IN ({})) WHERE t.queue = ANY($1)",
+                side(table),
+                open_list()
             ))
             .bind(&queues)
-            .bind(OPEN.iter().map(|s| s.to_string()).collect::<Vec<_>>())
             .execute(&mut *tx)
             .await?;
             Ok(())
         })
     }
+}
+
+/// `'queued', 'leased', …`: the open states as SQL literals (constants, not
+/// input).
+fn open_list() -> String {
+    OPEN.iter()
+        .map(|s| format!("'{s}'"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// `jobledger_proj."x_v1"` → `jobledger_proj."x_v1__jobs"`.
