@@ -95,3 +95,14 @@ pub async fn drop_database(pool: &sqlx::PgPool, name: &str) -> StoreResult<()> {
         .await?;
     Ok(())
 }
+
+/// Refreshes the planner's statistics of the log and the jobs table. A
+/// server with autovacuum off (this machine's) never does it on its own, and
+/// a 1M-event log planned on no statistics probes it with bitmap scans
+/// instead of index scans (the reader's per-job probes took 40 % longer).
+pub async fn analyze_log<'e>(exec: impl sqlx::PgExecutor<'e>) -> StoreResult<()> {
+    sqlx::query("ANALYZE jobledger.events, jobledger.jobs")
+        .execute(exec)
+        .await?;
+    Ok(())
+}
