@@ -124,3 +124,43 @@ async fn step_messages_carry_their_parent_and_step_name() {
         "the parent is no step"
     );
 }
+
+/// Issue 15: the relay reads a job's queue, key and workflow tie off its
+/// `enqueued` event instead of looking the job up. For a plain job, a keyed
+/// one, a keyed workflow's parent and its steps (one keyed), what it reads
+/// must equal what the lookup returns.
+#[tokio::test]
+async fn the_relays_keys_read_off_an_enqueued_event_equal_the_jobs_own() {
+    use jobledger::reader::{Checkpoint, LogReader};
+    use jobledger::relay::message::keys_of_enqueued;
+    let db = fresh().await;
+    db.enqueue(None, json!({})).await;
+    db.enqueue(Some("a/b%c"), json!({})).await;
+    let mut keyed = step("review", &["render"]);
+    keyed.key = Some("rev-1".into());
+    let spec = WorkflowSpec {
+        queue: "q".into(),
+        name: "publish_note".into(),
+        key: Some("keyed-parent".into()),
+        payload: json!(null),
+        steps: vec![step("render", &[]), keyed],
+        finally: None,
+    };
+    db.ledger.workflow(&spec).await.unwrap();
+    let reader = LogReader::source(db.ledger.pool().clone());
+    let batch = reader.read(Checkpoint::default(), 100).await.unwrap();
+    let firsts: Vec<_> = batch.events.iter().filter(|e| e.version() == 1).collect();
+    assert_eq!(firsts.len(), 5, "two jobs, a parent and two steps");
+    for e in firsts {
+        let read = keys_of_enqueued(e).expect("an enqueued event states its keys");
+        let looked_up = jobledger::store::jobs::job_keys(db.ledger.pool(), &[e.job_id()])
+            .await
+            .unwrap();
+        let got = (read.job_id, read.queue, read.job_key, read.parent, read.step);
+        let want = looked_up
+            .into_iter()
+            .map(|k| (k.job_id, k.queue, k.job_key, k.parent, k.step))
+            .collect::<Vec<_>>();
+        assert_eq!(vec![got], want);
+    }
+}

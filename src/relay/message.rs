@@ -16,6 +16,8 @@ use crate::domain::digest::fmt_time;
 use crate::reader::LogEvent;
 
 pub struct Message {
+    /// The job's queue (for the publish span).
+    pub queue: String,
     pub key: String,
     pub headers: Vec<(&'static str, String)>,
     pub body: Vec<u8>,
@@ -92,6 +94,7 @@ pub fn message(e: &LogEvent, queue: &str, job_key: Option<&str>, step: Option<(&
         headers.push(("step", name.to_string()));
     }
     Message {
+        queue: queue.to_string(),
         key: message_key(queue, job_key, &r.job_id),
         headers,
         body: serde_json::to_vec(&body).expect("json"),
@@ -102,6 +105,32 @@ pub fn message(e: &LogEvent, queue: &str, job_key: Option<&str>, step: Option<(&
 /// `%` and `/` in the queue name written `%25` and `%2F` (so the first `/`
 /// always ends the queue, and two (queue, key) pairs never share a key);
 /// the `job_id` (a UUID, which has no `/`) for a job without a key.
+/// A job's queue, key and workflow tie as its `enqueued` event (version 1)
+/// states them: the same fields `store::jobs::job_keys` reads from the job
+/// (or, for a purged job, from this very event). `None` for any other event
+/// or a shape this does not know: the relay then looks the job up.
+pub fn keys_of_enqueued(e: &LogEvent) -> Option<crate::store::jobs::JobKeys> {
+    let r = &e.row;
+    if r.version != 1 || r.kind != "enqueued" {
+        return None;
+    }
+    let text = |v: Option<&Value>| -> Result<Option<String>, ()> {
+        match v {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s.clone())),
+            Some(_) => Err(()),
+        }
+    };
+    let tie = r.data.get("workflow");
+    Some(crate::store::jobs::JobKeys {
+        job_id: r.job_id,
+        queue: r.data.get("queue")?.as_str()?.to_string(),
+        job_key: text(r.data.get("job_key")).ok()?,
+        parent: text(tie.and_then(|t| t.get("parent"))).ok()?,
+        step: text(tie.and_then(|t| t.get("step"))).ok()?,
+    })
+}
+
 pub fn message_key(queue: &str, job_key: Option<&str>, job_id: &uuid::Uuid) -> String {
     match job_key {
         Some(k) => format!("{}/{k}", queue.replace('%', "%25").replace('/', "%2F")),

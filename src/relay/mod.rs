@@ -3,6 +3,7 @@
 //! broker acknowledged the whole batch, under a fenced lease so a zombie
 //! relay can never move the checkpoint.
 
+mod feed;
 pub mod message;
 
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
@@ -12,16 +13,13 @@ use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use sqlx::postgres::PgListener;
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
-use uuid::Uuid;
 
 use crate::ledger::{Ledger, LedgerError};
 use crate::reader::{LogReader, ReaderLease};
-use crate::store::jobs;
 use crate::telemetry::{self, ItemSpan};
 use crate::worker::BoxFuture;
 
@@ -178,10 +176,23 @@ impl Relay {
                 listener = None;
             }
         }
-        let mut cp = reader.checkpoint().await?;
+        let from = reader.checkpoint().await?;
+        // The feed reads and encodes batches on its own task, so the next
+        // one is prepared on the other core while this loop hands one to the
+        // producer and waits for its acknowledgements. It only reads: the
+        // checkpoint moves here, after every acknowledgement, and the feed
+        // ends with the session (a failed session starts again from the
+        // database checkpoint).
+        let (tx, mut batches) = tokio::sync::mpsc::channel(1);
+        let feed = feed::Feed {
+            ledger: self.ledger.clone(),
+            reader: reader.clone(),
+            batch: self.cfg.batch,
+            poll: self.cfg.poll,
+            listener,
+        };
+        let _stop_feed = feed::AbortOnDrop(tokio::spawn(feed.run(from, tx, shutdown.clone())).abort_handle());
         let mut renewed = Instant::now();
-        let mut last_pin_report = Instant::now() - Duration::from_secs(60);
-        let mut batch = reader.read(cp, self.cfg.batch).await?;
         while !shutdown.is_cancelled() {
             if renewed.elapsed() > self.cfg.lease / 3 {
                 if !lease.renew().await? {
@@ -189,40 +200,26 @@ impl Relay {
                 }
                 renewed = Instant::now();
             }
-            if batch.events.is_empty() {
-                if last_pin_report.elapsed() > Duration::from_secs(10) {
-                    self.report_pin(&reader, cp).await;
-                    last_pin_report = Instant::now();
-                }
-                let wait = tokio::time::sleep(self.cfg.poll);
-                match listener.as_mut() {
-                    Some(l) => {
-                        tokio::select! { _ = shutdown.cancelled() => {}, _ = l.recv() => {}, _ = wait => {} }
-                    }
-                    None => tokio::select! { _ = shutdown.cancelled() => {}, _ = wait => {} },
-                }
-                batch = reader.read(cp, self.cfg.batch).await?;
-                continue;
-            }
-            let pending = self.send(&producer, &batch.events).await?;
-            // Read the next batch while the broker acknowledges this one; the
-            // checkpoint still moves only after every acknowledgement.
-            let (acked, next) = tokio::join!(
-                self.acks(&producer, pending),
-                reader.read(batch.next, self.cfg.batch)
-            );
-            acked?;
+            let next = tokio::select! {
+                _ = shutdown.cancelled() => break,
+                _ = tokio::time::sleep(self.cfg.lease / 3) => continue,
+                next = batches.recv() => next,
+            };
+            let Some(next) = next else {
+                break; // the feed stopped at the shutdown
+            };
+            let (current, messages) = next?;
+            let pending = self.send(&producer, &current.events, messages).await?;
+            self.acks(&producer, pending).await?;
             if let Some(h) = &self.cfg.hooks.after_produce {
-                h(batch.events.len()).await;
+                h(current.events.len()).await;
             }
-            self.advance(&lease, batch.next).await?;
-            cp = batch.next;
+            self.advance(&lease, current.next).await?;
             self.counters
                 .published
-                .fetch_add(batch.events.len() as u64, Ordering::Relaxed);
+                .fetch_add(current.events.len() as u64, Ordering::Relaxed);
             self.counters.batches.fetch_add(1, Ordering::Relaxed);
-            metrics::counter!("jobledger_relay_published_total").increment(batch.events.len() as u64);
-            batch = next?;
+            metrics::counter!("jobledger_relay_published_total").increment(current.events.len() as u64);
         }
         Ok(())
     }
@@ -235,27 +232,17 @@ impl Relay {
         }
     }
 
-    /// Hands the batch to the producer (in order); returns its deliveries.
+    /// Hands the batch's messages to the producer (in order); returns their
+    /// deliveries. Each gets its publish span here, when it is published.
     async fn send(
         &self,
         producer: &FutureProducer,
         events: &[crate::reader::LogEvent],
+        messages: Vec<message::Message>,
     ) -> Result<Vec<Pending>, RelayError> {
-        let mut ids: Vec<Uuid> = events.iter().map(|e| e.row.job_id).collect();
-        ids.sort();
-        ids.dedup();
-        let keys: HashMap<Uuid, jobs::JobKeys> = jobs::job_keys(self.ledger.pool(), &ids)
-            .await
-            .map_err(LedgerError::from)?
-            .into_iter()
-            .map(|k| (k.job_id, k))
-            .collect();
         let mut pending = Vec::with_capacity(events.len());
-        for e in events {
-            let k = keys.get(&e.row.job_id).cloned().unwrap_or_default();
-            let tie = k.parent.as_deref().zip(k.step.as_deref());
-            let mut m = message::message(e, &k.queue, k.job_key.as_deref(), tie);
-            let span = publish_span(e, &k.queue);
+        for (e, mut m) in events.iter().zip(messages) {
+            let span = publish_span(e, &m.queue);
             // The consumer's span is a child of this publish, or (relay
             // not tracing) of the write that made the event.
             if let Some(tp) = span.traceparent().or(e.row.trace.as_deref()) {
@@ -315,21 +302,6 @@ impl Relay {
             }
         }
         Ok(())
-    }
-
-    async fn report_pin(&self, reader: &LogReader, cp: crate::reader::Checkpoint) {
-        if let Ok(lag) = reader.lag(cp).await {
-            metrics::gauge!("jobledger_relay_lag_events").set(lag.events as f64);
-            metrics::gauge!("jobledger_relay_lag_seconds").set(lag.seconds);
-            if lag.events > 0 {
-                if let Some(h) = lag.horizon_holder {
-                    tracing::warn!(
-                        "relay: {} event(s) wait behind an open {} transaction (xid {}): pid {:?} gid {:?} in database {:?}, open {:.1}s ({:?})",
-                        lag.events, h.kind, h.xid, h.pid, h.gid, h.database, h.open_seconds.unwrap_or(0.0), h.query
-                    );
-                }
-            }
-        }
     }
 }
 
