@@ -97,7 +97,13 @@ pub fn message(e: &LogEvent, queue: &str, job_key: Option<&str>, step: Option<(&
         queue: queue.to_string(),
         key: message_key(queue, job_key, &r.job_id),
         headers,
-        body: serde_json::to_vec(&body).expect("json"),
+        body: {
+            // Sized for a typical message up front: growing from empty
+            // reallocated eight times per message.
+            let mut out = Vec::with_capacity(1024);
+            serde_json::to_writer(&mut out, &body).expect("json");
+            out
+        },
     }
 }
 
