@@ -183,3 +183,30 @@ async fn a_zombie_relay_cannot_move_the_checkpoint() {
     assert!(b.advance(batch.next).await.unwrap());
     assert_eq!(reader.checkpoint().await.unwrap(), batch.next);
 }
+
+/// Issue 15 review: the relay's feed runs on a task of its own. A row it
+/// cannot decode panics that task (sqlx on a `recorded_at` of infinity,
+/// written past the ledger); the relay must count a failure and retry,
+/// never end as if it had been told to stop.
+#[tokio::test]
+async fn a_feed_that_panics_fails_the_session_instead_of_ending_the_relay() {
+    let db = fresh().await;
+    sqlx::query(
+        "INSERT INTO jobledger.events (job_id, version, type, to_state, reason, actor, epoch, token, attempt, run, \
+         data, recorded_at, hash) VALUES (gen_random_uuid(), 1, 'annotated', 'queued', 'x', 'x', 0, 0, 0, 0, '{}', \
+         'infinity', 'h')",
+    )
+    .execute(db.ledger.pool())
+    .await
+    .unwrap();
+    let (stop, relay, counters) = spawn_relay(&db, relay_cfg(&topic()));
+    let c = counters.clone();
+    eventually("a failed session", || {
+        let c = c.clone();
+        async move { c.failures.load(std::sync::atomic::Ordering::Relaxed) >= 1 }
+    })
+    .await;
+    assert!(!relay.is_finished(), "the relay keeps going");
+    stop.cancel();
+    within("the relay's stop", relay).await.unwrap();
+}

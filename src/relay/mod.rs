@@ -206,7 +206,12 @@ impl Relay {
                 next = batches.recv() => next,
             };
             let Some(next) = next else {
-                break; // the feed stopped at the shutdown
+                if shutdown.is_cancelled() {
+                    break;
+                }
+                // The feed ended without a word: it panicked. The session
+                // fails and starts again, as it did when reading was inline.
+                return Err(RelayError::Delivery("the relay's log feed stopped".into()));
             };
             let (current, messages) = next?;
             let pending = self.send(&producer, &current.events, messages).await?;
