@@ -168,3 +168,48 @@ async fn a_batch_read_ahead_is_dropped_once_another_runner_applied_it() {
         "nothing applied twice: {rows:?}"
     );
 }
+
+/// Issue 15 review: code newer than the serving version is caught up only
+/// once its rebuild has switched in. With the view held by a reader, the
+/// switch times out; `catch_up` must then say it stalled, never return as
+/// if the view served the new version (`verify --rebuilt` compared against
+/// the old table right after an upgrade).
+#[tokio::test]
+async fn a_catch_up_of_a_newer_version_is_not_done_before_its_switch() {
+    use jobledger_projections::ProjectionError;
+    let db = fresh().await;
+    for i in 0..5 {
+        db.enqueue(Some(&format!("u{i}")), json!({ "i": i })).await;
+    }
+    let reader = LogReader::open(db.ledger.pool().clone(), "projections")
+        .await
+        .unwrap();
+    let old = Runner::new(db.ledger.pool().clone(), &reader, 100).await.unwrap();
+    within("a catch-up", old.catch_up(&[&counts(1)])).await.unwrap();
+    let mut holder = db.conn().await;
+    sqlx::raw_sql("BEGIN; SELECT count(*) FROM jobledger_proj.counts")
+        .execute(&mut holder)
+        .await
+        .unwrap();
+    let upgraded = Runner::new(db.ledger.pool().clone(), &reader, 100)
+        .await
+        .unwrap()
+        .with_patience(std::time::Duration::from_secs(3));
+    let held = within("a catch-up with the view held", upgraded.catch_up(&[&counts(2)])).await;
+    let serving = registry::entries(db.ledger.pool())
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|e| e.name == "counts")
+        .unwrap()
+        .version;
+    match held {
+        Err(ProjectionError::Stalled { .. }) => assert_eq!(serving, 1),
+        other => assert_eq!(serving, 2, "returned {other:?} while version 1 still serves"),
+    }
+    sqlx::raw_sql("ROLLBACK").execute(&mut holder).await.unwrap();
+    // A runner of its own: `upgraded` waits out its retry delay.
+    let next = Runner::new(db.ledger.pool().clone(), &reader, 100).await.unwrap();
+    let done = within("a catch-up", next.catch_up(&[&counts(2)])).await.unwrap();
+    assert_eq!(done.switched_to, Some(2));
+}

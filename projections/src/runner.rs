@@ -351,7 +351,13 @@ impl<'a> Runner<'a> {
                 let e = self.entry(name).await?;
                 // Code older than the serving version never advances it.
                 let serves = versions.iter().any(|p| p.version() == e.version);
-                if !serves || !self.log.behind(e.checkpoint()).await? {
+                // Code newer than it is caught up only once its rebuild has
+                // switched in: until then the view serves the old version
+                // (a lost race or a switch that timed out moved nothing).
+                let ours_unswitched = !serves
+                    && e.building_version
+                        .is_some_and(|v| versions.iter().any(|p| p.version() == v));
+                if !ours_unswitched && (!serves || !self.log.behind(e.checkpoint()).await?) {
                     return Ok(total);
                 }
                 let now_at = (e.checkpoint(), e.building_checkpoint());
