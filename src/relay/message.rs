@@ -107,10 +107,6 @@ pub fn message(e: &LogEvent, queue: &str, job_key: Option<&str>, step: Option<(&
     }
 }
 
-/// The Kafka key of a job's events: `<queue>/<job_key>` for a keyed job, with
-/// `%` and `/` in the queue name written `%25` and `%2F` (so the first `/`
-/// always ends the queue, and two (queue, key) pairs never share a key);
-/// the `job_id` (a UUID, which has no `/`) for a job without a key.
 /// A job's queue, key and workflow tie as its `enqueued` event (version 1)
 /// states them: the same fields `store::jobs::job_keys` reads from the job
 /// (or, for a purged job, from this very event). `None` for any other event
@@ -137,6 +133,10 @@ pub fn keys_of_enqueued(e: &LogEvent) -> Option<crate::store::jobs::JobKeys> {
     })
 }
 
+/// The Kafka key of a job's events: `<queue>/<job_key>` for a keyed job, with
+/// `%` and `/` in the queue name written `%25` and `%2F` (so the first `/`
+/// always ends the queue, and two (queue, key) pairs never share a key);
+/// the `job_id` (a UUID, which has no `/`) for a job without a key.
 pub fn message_key(queue: &str, job_key: Option<&str>, job_id: &uuid::Uuid) -> String {
     match job_key {
         Some(k) => format!("{}/{k}", queue.replace('%', "%25").replace('/', "%2F")),
