@@ -9,7 +9,7 @@ mod common;
 
 use common::counting::Counting;
 use common::gated::gated;
-use common::{fresh, within};
+use common::{fresh, within, TestDb};
 use jobledger::reader::LogReader;
 use jobledger_projections::registry;
 use jobledger_projections::runner::Runner;
@@ -19,15 +19,45 @@ fn counts(version: i32) -> Counting {
     Counting::new("counts", version, false)
 }
 
-#[tokio::test]
-async fn a_crashed_rebuild_resumes_from_its_own_checkpoint() {
+/// A fresh database with `n` enqueued jobs (keys `<prefix><i>`) and the
+/// projections' reader.
+async fn with_jobs(prefix: &str, n: usize) -> (TestDb, LogReader) {
     let db = fresh().await;
-    for i in 0..10 {
-        db.enqueue(Some(&format!("r{i}")), json!({ "i": i })).await;
+    for i in 0..n {
+        db.enqueue(Some(&format!("{prefix}{i}")), json!({ "i": i })).await;
     }
     let reader = LogReader::open(db.ledger.pool().clone(), "projections")
         .await
         .unwrap();
+    (db, reader)
+}
+
+/// The `counts` entry of the registry.
+async fn counts_entry(db: &TestDb) -> registry::Entry {
+    registry::entries(db.ledger.pool())
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|e| e.name == "counts")
+        .unwrap()
+}
+
+/// Every one of the `n` events applied exactly once to `counts`.
+async fn assert_each_applied_once(db: &TestDb, n: usize) {
+    let rows: Vec<(i64, i32)> = sqlx::query_as("SELECT version, applied FROM jobledger_proj.counts")
+        .fetch_all(db.ledger.pool())
+        .await
+        .unwrap();
+    assert_eq!(rows.len(), n, "nothing skipped");
+    assert!(
+        rows.iter().all(|(_, n)| *n == 1),
+        "nothing applied twice: {rows:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_crashed_rebuild_resumes_from_its_own_checkpoint() {
+    let (db, reader) = with_jobs("r", 10).await;
     {
         let first = Runner::new(db.ledger.pool().clone(), &reader, 4).await.unwrap();
         within("a catch-up", first.catch_up(&[&counts(1)])).await.unwrap();
@@ -45,15 +75,7 @@ async fn a_crashed_rebuild_resumes_from_its_own_checkpoint() {
         .await
         .unwrap();
     assert_eq!(done.switched_to, Some(2));
-    let rows: Vec<(i64, i32)> = sqlx::query_as("SELECT version, applied FROM jobledger_proj.counts")
-        .fetch_all(db.ledger.pool())
-        .await
-        .unwrap();
-    assert_eq!(rows.len(), 10, "nothing skipped");
-    assert!(
-        rows.iter().all(|(_, n)| *n == 1),
-        "nothing applied twice: {rows:?}"
-    );
+    assert_each_applied_once(&db, 10).await;
 }
 
 /// Issue 10: the switch's own guard, alone. Runner A finds the rebuild
@@ -64,24 +86,13 @@ async fn a_crashed_rebuild_resumes_from_its_own_checkpoint() {
 /// nothing.
 #[tokio::test]
 async fn a_switch_never_serves_a_rebuild_behind_the_serving_table() {
-    let db = fresh().await;
-    for i in 0..6 {
-        db.enqueue(Some(&format!("s{i}")), json!({ "i": i })).await;
-    }
-    let reader = LogReader::open(db.ledger.pool().clone(), "projections")
-        .await
-        .unwrap();
+    let (db, reader) = with_jobs("s", 6).await;
     let setup = Runner::new(db.ledger.pool().clone(), &reader, 100).await.unwrap();
     within("a catch-up", setup.catch_up(&[&counts(1)])).await.unwrap();
     setup.start_rebuild(&counts(1)).await.unwrap();
     let s = setup.step(&[&counts(1)]).await.unwrap();
     assert_eq!((s.rebuilt, s.switched_to), (6, None), "rebuilt, not yet switched");
-    let entry = registry::entries(db.ledger.pool())
-        .await
-        .unwrap()
-        .into_iter()
-        .find(|e| e.name == "counts")
-        .unwrap();
+    let entry = counts_entry(&db).await;
     let at = entry.checkpoint();
     assert_eq!(entry.building_checkpoint(), at, "both tables at the same place");
 
@@ -137,13 +148,7 @@ async fn a_switch_never_serves_a_rebuild_behind_the_serving_table() {
 /// would count twice.
 #[tokio::test]
 async fn a_batch_read_ahead_is_dropped_once_another_runner_applied_it() {
-    let db = fresh().await;
-    for i in 0..8 {
-        db.enqueue(Some(&format!("a{i}")), json!({ "i": i })).await;
-    }
-    let reader = LogReader::open(db.ledger.pool().clone(), "projections")
-        .await
-        .unwrap();
+    let (db, reader) = with_jobs("a", 8).await;
     let a = Runner::new(db.ledger.pool().clone(), &reader, 2).await.unwrap();
     let b = Runner::new(db.ledger.pool().clone(), &reader, 2).await.unwrap();
     let c = counts(1);
@@ -158,15 +163,7 @@ async fn a_batch_read_ahead_is_dropped_once_another_runner_applied_it() {
     assert_eq!(twice, 0, "no event applied twice");
     within("a catch-up", a.catch_up(&[&c])).await.unwrap();
     within("a catch-up", b.catch_up(&[&c])).await.unwrap();
-    let rows: Vec<(i64, i32)> = sqlx::query_as("SELECT version, applied FROM jobledger_proj.counts")
-        .fetch_all(db.ledger.pool())
-        .await
-        .unwrap();
-    assert_eq!(rows.len(), 8, "nothing skipped");
-    assert!(
-        rows.iter().all(|(_, n)| *n == 1),
-        "nothing applied twice: {rows:?}"
-    );
+    assert_each_applied_once(&db, 8).await;
 }
 
 /// Issue 15 review: code newer than the serving version is caught up only
@@ -177,13 +174,7 @@ async fn a_batch_read_ahead_is_dropped_once_another_runner_applied_it() {
 #[tokio::test]
 async fn a_catch_up_of_a_newer_version_is_not_done_before_its_switch() {
     use jobledger_projections::ProjectionError;
-    let db = fresh().await;
-    for i in 0..5 {
-        db.enqueue(Some(&format!("u{i}")), json!({ "i": i })).await;
-    }
-    let reader = LogReader::open(db.ledger.pool().clone(), "projections")
-        .await
-        .unwrap();
+    let (db, reader) = with_jobs("u", 5).await;
     let old = Runner::new(db.ledger.pool().clone(), &reader, 100).await.unwrap();
     within("a catch-up", old.catch_up(&[&counts(1)])).await.unwrap();
     let mut holder = db.conn().await;
@@ -196,13 +187,7 @@ async fn a_catch_up_of_a_newer_version_is_not_done_before_its_switch() {
         .unwrap()
         .with_patience(std::time::Duration::from_secs(3));
     let held = within("a catch-up with the view held", upgraded.catch_up(&[&counts(2)])).await;
-    let serving = registry::entries(db.ledger.pool())
-        .await
-        .unwrap()
-        .into_iter()
-        .find(|e| e.name == "counts")
-        .unwrap()
-        .version;
+    let serving = counts_entry(&db).await.version;
     match held {
         Err(ProjectionError::Stalled { .. }) => assert_eq!(serving, 1),
         other => assert_eq!(serving, 2, "returned {other:?} while version 1 still serves"),
