@@ -170,7 +170,8 @@ async fn a_batch_read_ahead_is_dropped_once_another_runner_applied_it() {
 /// once its rebuild has switched in. With the view held by a reader, the
 /// switch times out; `catch_up` must then say it stalled, never return as
 /// if the view served the new version (`verify --rebuilt` compared against
-/// the old table right after an upgrade).
+/// the old table right after an upgrade), and never wait forever while new
+/// jobs keep the tables moving.
 #[tokio::test]
 async fn a_catch_up_of_a_newer_version_is_not_done_before_its_switch() {
     use jobledger_projections::ProjectionError;
@@ -186,7 +187,19 @@ async fn a_catch_up_of_a_newer_version_is_not_done_before_its_switch() {
         .await
         .unwrap()
         .with_patience(std::time::Duration::from_secs(3));
-    let held = within("a catch-up with the view held", upgraded.catch_up(&[&counts(2)])).await;
+    // Jobs keep coming meanwhile: the tables keep moving, which must not
+    // count as progress towards the switch (it kept catch_up going forever).
+    let writing = async {
+        for i in 0.. {
+            db.enqueue(Some(&format!("w{i}")), json!({ "i": i })).await;
+        }
+    };
+    let v2 = counts(2);
+    let versions: [&dyn jobledger_projections::Projection; 1] = [&v2];
+    let held = tokio::select! {
+        held = within("a catch-up with the view held", upgraded.catch_up(&versions)) => held,
+        _ = writing => unreachable!("writes forever"),
+    };
     let serving = counts_entry(&db).await.version;
     match held {
         Err(ProjectionError::Stalled { .. }) => assert_eq!(serving, 1),

@@ -75,7 +75,7 @@ pub enum ProjectionError {
     Unknown(String),
     /// Committed events wait behind an open transaction and nothing moved
     /// for the runner's whole patience.
-    #[error("projection {name} made no progress for {waited:?}: committed events wait behind an open transaction (see pg_stat_activity for one idle in transaction)")]
+    #[error("projection {name} made no progress for {waited:?}: committed events wait behind an open transaction, or a session that read the projection's view keeps a newer version from switching in (see pg_stat_activity for one idle in transaction)")]
     Stalled {
         name: String,
         waited: std::time::Duration,

@@ -71,6 +71,10 @@ pub const SWITCH_LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs
 /// How long after a switch that timed out the next one is tried.
 pub const SWITCH_RETRY: std::time::Duration = std::time::Duration::from_secs(5);
 
+fn serves(versions: &[&dyn Projection], e: &Entry) -> bool {
+    versions.iter().any(|p| p.version() == e.version)
+}
+
 pub fn table_name(name: &str, version: i32) -> String {
     format!("{name}_v{version}")
 }
@@ -266,6 +270,12 @@ impl<'a> Runner<'a> {
         Ok(Advanced::Applied(read))
     }
 
+    /// Whether one of `versions` is the serving one.
+    async fn serves(&self, versions: &[&dyn Projection]) -> Result<bool, ProjectionError> {
+        let name = versions.first().map(|p| p.name()).unwrap_or_default();
+        Ok(serves(versions, &self.entry(name).await?))
+    }
+
     /// The batch read ahead for this table from `from`, if there is one
     /// (any other is stale and dropped).
     fn take_ahead(&self, name: &str, building: bool, from: Checkpoint) -> Option<(Vec<Event>, Checkpoint)> {
@@ -341,16 +351,32 @@ impl<'a> Runner<'a> {
         // Progress is the registry's checkpoints moving, also by another
         // runner that keeps winning the race for the same batches.
         let mut seen: Option<(Checkpoint, Checkpoint)> = None;
+        // A switch that keeps timing out (a session holds the view) is not
+        // progress, however much the tables move: from the first timeout in
+        // this call, the patience runs without resetting.
+        let timed_out_before = *self.next_switch.lock().expect("not poisoned");
+        let mut switch_blocked: Option<std::time::Instant> = None;
         loop {
             let s = self.step(versions).await?;
             total.applied += s.applied;
             total.rebuilt += s.rebuilt;
             total.switched_to = total.switched_to.or(s.switched_to);
+            let switch_timed_out = *self.next_switch.lock().expect("not poisoned") != timed_out_before;
+            if total.switched_to.is_none() && switch_timed_out && !self.serves(versions).await? {
+                let since = *switch_blocked.get_or_insert_with(std::time::Instant::now);
+                if since.elapsed() >= self.patience {
+                    let name = versions.first().map(|p| p.name()).unwrap_or_default();
+                    return Err(ProjectionError::Stalled {
+                        name: name.to_string(),
+                        waited: since.elapsed(),
+                    });
+                }
+            }
             if s.applied == 0 && s.rebuilt == 0 && s.switched_to.is_none() {
                 let name = versions.first().map(|p| p.name()).unwrap_or_default();
                 let e = self.entry(name).await?;
                 // Code older than the serving version never advances it.
-                let serves = versions.iter().any(|p| p.version() == e.version);
+                let serves = serves(versions, &e);
                 // Code newer than it is caught up only once its rebuild has
                 // switched in: until then the view serves the old version
                 // (a lost race or a switch that timed out moved nothing).
