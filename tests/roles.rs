@@ -324,7 +324,7 @@ async fn forged_events_then(
     })
 }
 
-/// `jobs_need_event` compares the row's state with its event's `to_state`:
+/// `jobs_need_event_update` compares the row's state with its event's `to_state`:
 /// a row written next to an event that matches it in everything else
 /// (version, hash, reason, time, token, from-state) but says the job stayed
 /// queued cannot mark the job succeeded.
@@ -342,7 +342,56 @@ async fn a_row_cannot_take_a_state_its_event_does_not_name() {
     assert_eq!((j.state, j.version), (jobledger::domain::JobState::Queued, 2));
 }
 
-/// `jobs_update_shape`: one update, one version. Two linked events appended
+/// Issue 15: the row checks run at the end of each statement, not at the
+/// commit. A row update whose event is appended by a later statement of the
+/// same transaction is refused at once, even though that event would match
+/// it (with the deferred row trigger before, this was accepted at commit);
+/// the event first and then the row, as `forged_events_then` does, is still
+/// accepted (`a_row_cannot_take_a_state_its_event_does_not_name`).
+#[tokio::test]
+async fn a_row_update_needs_its_event_by_the_end_of_its_statement() {
+    let db = fresh().await;
+    let job = db.enqueue(Some("k"), json!({})).await;
+    let at = "'2030-01-01T00:00:00Z'";
+    let sql = format!(
+        "BEGIN; \
+         UPDATE jobledger.jobs SET version = version + 1, last_hash = 'forged-1', updated_at = {at}, \
+           reason = 'observation' WHERE job_id = '{id}'; \
+         INSERT INTO jobledger.events (job_id, version, type, from_state, to_state, reason, actor, epoch, token, \
+           attempt, run, data, recorded_at, prev_hash, hash) \
+         SELECT j.job_id, j.version, 'observed', j.state, j.state, 'observation', 'mallory', j.epoch, j.token, \
+           j.attempt, j.run, '{{\"key\": \"x\", \"data\": {{}}, \"digest\": \"d\"}}', {at}, e.hash, 'forged-1' \
+         FROM jobledger.jobs j JOIN jobledger.events e ON e.job_id = j.job_id AND e.version = 1 \
+         WHERE j.job_id = '{id}'; \
+         COMMIT;",
+        id = job.job_id
+    );
+    let mut conn = sqlx::PgConnection::connect(&as_role(&db.url, "jobledger_worker"))
+        .await
+        .unwrap();
+    let err = sqlx::raw_sql(&sql)
+        .execute(&mut conn)
+        .await
+        .expect_err("the row went ahead of its event");
+    let code = err
+        .as_database_error()
+        .and_then(|d| d.code())
+        .map(|c| c.to_string());
+    assert_eq!(
+        code.as_deref(),
+        Some(jobledger::store::ROW_WITHOUT_EVENT),
+        "{err}"
+    );
+    assert!(err.to_string().contains("without its event"), "{err}");
+    assert_eq!(
+        db.count("SELECT count(*) FROM jobledger.events").await,
+        1,
+        "nothing kept"
+    );
+    assert_eq!(db.job(job.job_id).await.version, 1);
+}
+
+/// `jobs_need_event_update`: one update, one version. Two linked events appended
 /// in the same transaction do not let the row skip from v1 to v3.
 #[tokio::test]
 async fn a_row_update_moves_the_version_by_exactly_one() {

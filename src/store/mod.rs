@@ -80,8 +80,10 @@ pub type StoreResult<T> = Result<T, StoreError>;
 /// before that lifecycle's purge committed). Retry with a new epoch.
 pub const EPOCH_BELOW_PURGED: &str = "JL002";
 
-/// SQLSTATE of `jobledger.check_job_has_event()`: a `jobs` row was inserted
-/// or updated without its event in the same transaction.
+/// SQLSTATE of `jobledger.check_inserted_jobs()` and
+/// `check_updated_jobs()`: a `jobs` row was inserted or updated without its
+/// event (in the same statement or earlier in the same transaction), or
+/// changed what its job is.
 pub const ROW_WITHOUT_EVENT: &str = "JL001";
 
 impl StoreError {

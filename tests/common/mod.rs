@@ -47,7 +47,7 @@ impl TestDb {
 
     /// Runs `sql` (with `$1` = `job`) as the superuser with the database's
     /// triggers off: the only way left to change `jobledger.jobs` without an
-    /// event (`jobs_need_event` refuses it otherwise). Tests use it to move
+    /// event (`jobs_need_event_*` refuses it otherwise). Tests use it to move
     /// a job's clock fields into the past and to forge tampering.
     pub async fn around_the_log(&self, sql: &str, job: Uuid) {
         around_the_log(self.ledger.pool(), sql, job).await
