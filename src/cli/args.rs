@@ -483,7 +483,7 @@ pub enum Cmd {
         history_events: usize,
         #[arg(long, default_value_t = 200)]
         latency_samples: usize,
-        /// Worker prefetch in W3 [default: the concurrency, 16].
+        /// Worker prefetch in W3 [default: the worker's own, which follows the handlers' pace].
         #[arg(long)]
         prefetch: Option<usize>,
         /// Broker for the relay and end-to-end workloads.

@@ -24,7 +24,8 @@ pub struct BenchArgs {
     pub history_events: usize,
     pub latency_samples: usize,
     pub brokers: String,
-    /// Worker prefetch for W3 (default: the concurrency, 16).
+    /// Worker prefetch for W3 (default: the worker's own, which follows the
+    /// handlers' pace).
     pub prefetch: Option<usize>,
 }
 
@@ -234,12 +235,16 @@ pub(crate) fn noop_worker(
     concurrency: usize,
     prefetch: Option<usize>,
 ) -> Result<Worker> {
-    Ok(Worker::builder(ledger.clone())
+    let b = Worker::builder(ledger.clone())
         .name("bench")
         .queue(queue)
-        .concurrency(concurrency)
-        .prefetch(prefetch.unwrap_or(concurrency))
-        .poll_every(Duration::from_millis(100))
+        .concurrency(concurrency);
+    // None: the worker's default, which follows the handlers' pace.
+    let b = match prefetch {
+        Some(n) => b.prefetch(n),
+        None => b,
+    };
+    Ok(b.poll_every(Duration::from_millis(100))
         .sweeper(None)
         .scheduler(None)
         .handler("noop", |_ctx| async { HandlerOutcome::Success(None) })
@@ -278,7 +283,7 @@ async fn w3(ledger: &Ledger, queue: &str, n: usize, prefetch: Option<usize>) -> 
         label,
         n,
         elapsed,
-        json!({ "events_in_log": events, "prefetch": prefetch.unwrap_or(16) }),
+        json!({ "events_in_log": events, "prefetch": prefetch.map_or(json!("auto"), |n| json!(n)) }),
     );
     Ok(())
 }

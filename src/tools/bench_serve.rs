@@ -195,7 +195,7 @@ async fn http_w3(ledger: &Ledger, base: &str, token: &str, jobs: usize) -> Resul
     for round in 0..ROUNDS {
         // The reference is the library's worker fetching as far ahead as the
         // HTTP workers claim (4 x 50): like for like. W3's default
-        // (prefetch 16) is printed too.
+        // (the worker's own prefetch, which follows the pace) is printed too.
         let mut lib_rate = 0.0;
         for (label, prefetch) in [("default", None), ("prefetch 200", Some(200))] {
             let q = format!("lib-{round}-{}", prefetch.unwrap_or(16));

@@ -11,6 +11,7 @@ pub mod exec;
 mod exec_procs;
 mod handler;
 pub mod metrics;
+mod pace;
 mod runtime;
 mod scheduler;
 
@@ -100,7 +101,7 @@ pub(crate) struct Config {
     pub fallback: Option<HandlerFn>,
     pub policies: HashMap<String, Policy>,
     pub concurrency: usize,
-    pub prefetch: usize,
+    pub prefetch: pace::Prefetch,
     pub lease: Duration,
     pub heartbeat: Duration,
     pub poll: Duration,
@@ -151,18 +152,18 @@ impl WorkerBuilder {
         self.cfg.policies.insert(kind.to_string(), policy);
         self
     }
-    /// Handlers running at once. Also sets the prefetch to the same number
-    /// unless `prefetch` is called afterwards.
+    /// Handlers running at once.
     pub fn concurrency(mut self, n: usize) -> Self {
         self.cfg.concurrency = n.max(1);
-        self.cfg.prefetch = self.cfg.concurrency;
         self
     }
     /// Jobs claimed ahead of a free slot (their leases are kept alive and
-    /// given back at shutdown if they never start). 0 claims only for free
-    /// slots; a small buffer keeps handlers busy while the next claim commits.
+    /// given back at shutdown if they never start), fixed at `n`. 0 claims
+    /// only for free slots. Without it the worker follows its handlers'
+    /// pace: as many as its slots start within 50 ms at their recent run
+    /// time, at least the concurrency and at most 256 (`worker::pace`).
     pub fn prefetch(mut self, n: usize) -> Self {
-        self.cfg.prefetch = n;
+        self.cfg.prefetch = pace::Prefetch::Fixed(n);
         self
     }
     pub fn lease(mut self, d: Duration) -> Self {
@@ -242,7 +243,7 @@ impl Worker {
                 fallback: None,
                 policies: HashMap::new(),
                 concurrency: 16,
-                prefetch: 16,
+                prefetch: pace::Prefetch::Auto,
                 lease: Duration::from_secs(30),
                 heartbeat: Duration::from_secs(10),
                 poll: Duration::from_millis(500),

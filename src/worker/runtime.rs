@@ -42,6 +42,8 @@ struct Shared {
     /// A handler finished: its slot is free before its outcome is written,
     /// so claiming the next jobs overlaps writing the last ones.
     freed: Notify,
+    /// The handlers' recent run time (for the default prefetch).
+    pace: super::pace::Pace,
 }
 
 pub(crate) async fn run(
@@ -99,10 +101,12 @@ pub(crate) async fn run(
         inflight,
         committer: tx,
         freed: Notify::new(),
+        pace: Default::default(),
     });
     // `held`: jobs this worker holds a lease on (running or waiting for a
     // slot); `slots`: handlers running at once.
-    let held = Arc::new(Semaphore::new(cfg.concurrency + cfg.prefetch));
+    let most = cfg.concurrency + cfg.prefetch.most(cfg.concurrency);
+    let held = Arc::new(Semaphore::new(most));
     let slots = Arc::new(Semaphore::new(cfg.concurrency));
     let mut jobs: JoinSet<()> = JoinSet::new();
 
@@ -111,10 +115,13 @@ pub(crate) async fn run(
     async {
         while !shutdown.is_cancelled() {
             while jobs.try_join_next().is_some() {}
-            let free = held.available_permits();
+            // Hold the running jobs and the prefetch the pace asks for now.
+            let ahead = cfg.prefetch.now(cfg.concurrency, shared.pace.average());
+            let holding = most - held.available_permits();
+            let want = (cfg.concurrency + ahead).saturating_sub(holding);
             let mut started = 0;
-            if free > 0 {
-                match claim_and_start(&shared, (&held, &slots), &mut jobs, free, &shutdown).await {
+            if want > 0 {
+                match claim_and_start(&shared, (&held, &slots), &mut jobs, want, &shutdown).await {
                     Ok(n) => started = n,
                     Err(e) => {
                         counters.errors.fetch_add(1, Ordering::Relaxed);
@@ -122,7 +129,7 @@ pub(crate) async fn run(
                     }
                 }
             }
-            if started > 0 && started == free {
+            if started > 0 && started == want {
                 continue; // possibly more due work: claim again as slots free up
             }
             if let Some(idle) = &cfg.hooks.idle {
@@ -294,8 +301,12 @@ async fn run_job(
                     pool: shared.ledger.pool().clone(),
                 };
                 // Its own task, so a panic becomes an outcome; aborted with us.
+                let began = Instant::now();
                 match AbortOnDropHandle::new(tokio::spawn(handler(ctx).in_current_span())).await {
-                    Ok(o) => o,
+                    Ok(o) => {
+                        shared.pace.record(began.elapsed());
+                        o
+                    }
                     Err(e) if e.is_panic() => {
                         HandlerOutcome::Transient { code: "handler_panicked".into(), message: Some(e.to_string()) }
                     }

@@ -1,0 +1,116 @@
+//! Issue 15: by default a worker fetches ahead as far as its handlers' pace
+//! says (`worker::pace`): fast handlers get more jobs per claim, slow ones
+//! exactly the concurrency ahead, as before.
+
+mod common;
+
+use common::workers::{base, start, stop};
+use common::{fresh, new_job, within};
+use jobledger::worker::{BoxFuture, HandlerOutcome, Hooks, JobContext};
+use serde_json::json;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::mpsc;
+
+/// A hook that records the largest claim, and a channel the handlers use
+/// to say the last job ran.
+fn largest_claim(largest: Arc<AtomicUsize>) -> Hooks {
+    let hook = Arc::new(move |ids: Vec<uuid::Uuid>| {
+        largest.fetch_max(ids.len(), Ordering::SeqCst);
+        Box::pin(async {}) as BoxFuture<()>
+    });
+    Hooks {
+        after_claim: Some(hook),
+        ..Hooks::default()
+    }
+}
+
+async fn enqueue_many(db: &common::TestDb, n: usize) {
+    let news = (0..n).map(|i| new_job("q", None, json!({ "i": i }))).collect();
+    db.ledger.enqueue_many_as(news, "test").await.unwrap();
+}
+
+/// No-op handlers: after the first runs, the worker asks for far more than
+/// its 2 slots and 2 ahead (the old fixed default, which never claimed more
+/// than 4 at once). Every job still runs exactly once.
+#[tokio::test]
+async fn fast_handlers_fetch_ahead_beyond_the_concurrency_by_default() {
+    let db = fresh().await;
+    let n = 600;
+    enqueue_many(&db, n).await;
+    let largest = Arc::new(AtomicUsize::new(0));
+    let hooks = largest_claim(largest.clone());
+    let (tx, mut done) = mpsc::channel(1);
+    let runs = Arc::new(AtomicUsize::new(0));
+    let r = runs.clone();
+    let w = base(&db, "fast")
+        .concurrency(2)
+        .hooks(hooks)
+        .handler("refund", move |_ctx: JobContext| {
+            let (r, tx) = (r.clone(), tx.clone());
+            async move {
+                if r.fetch_add(1, Ordering::SeqCst) + 1 == n {
+                    tx.send(()).await.unwrap();
+                }
+                HandlerOutcome::success(json!({}))
+            }
+        })
+        .build()
+        .unwrap();
+    let running = start(w);
+    within("every job ran", done.recv()).await.unwrap();
+    let report = stop(running).await;
+    assert_eq!(report.succeeded as usize, n, "{report:?}");
+    assert_eq!(runs.load(Ordering::SeqCst), n, "each job ran once");
+    let got = largest.load(Ordering::SeqCst);
+    assert!(
+        got > 4,
+        "the largest claim was {got}: the prefetch did not follow the pace"
+    );
+    assert!(got <= 2 + 256, "the largest claim was {got}, beyond the cap");
+    let succeeded = db
+        .count("SELECT count(*) FROM jobledger.jobs WHERE state = 'succeeded'")
+        .await;
+    assert_eq!(succeeded as usize, n);
+}
+
+/// Handlers of 100 ms (the workload, not a gate: at that pace 50 ms of
+/// work ahead is less than one job per slot): the worker never holds more
+/// than its slots and as many ahead, exactly the fixed default before.
+#[tokio::test]
+async fn slow_handlers_fetch_no_more_than_the_concurrency_ahead() {
+    let db = fresh().await;
+    let n = 16;
+    enqueue_many(&db, n).await;
+    let largest = Arc::new(AtomicUsize::new(0));
+    let hooks = largest_claim(largest.clone());
+    let (tx, mut done) = mpsc::channel(1);
+    let runs = Arc::new(AtomicUsize::new(0));
+    let r = runs.clone();
+    let w = base(&db, "slow")
+        .concurrency(2)
+        .hooks(hooks)
+        .handler("refund", move |_ctx: JobContext| {
+            let (r, tx) = (r.clone(), tx.clone());
+            async move {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                if r.fetch_add(1, Ordering::SeqCst) + 1 == n {
+                    tx.send(()).await.unwrap();
+                }
+                HandlerOutcome::success(json!({}))
+            }
+        })
+        .build()
+        .unwrap();
+    let running = start(w);
+    within("every job ran", done.recv()).await.unwrap();
+    let report = stop(running).await;
+    assert_eq!(report.succeeded as usize, n, "{report:?}");
+    let held = db
+        .count("SELECT count(*) FROM jobledger.jobs WHERE state <> 'succeeded'")
+        .await;
+    assert_eq!(held, 0);
+    let got = largest.load(Ordering::SeqCst);
+    assert!(got <= 4, "claimed {got} at once for 2 slots of slow handlers");
+}
