@@ -114,3 +114,61 @@ async fn slow_handlers_fetch_no_more_than_the_concurrency_ahead() {
     let got = largest.load(Ordering::SeqCst);
     assert!(got <= 4, "claimed {got} at once for 2 slots of slow handlers");
 }
+
+/// Review of issue 15: fast jobs raise the prefetch, then slow ones follow
+/// in the same queue. The worker must not sit on hundreds of them while
+/// two run: once the running ones have taken longer than the pace said,
+/// the jobs held ahead beyond the new prefetch are given back unstarted
+/// (no attempt burned), and every job still runs once.
+#[tokio::test]
+async fn jobs_held_ahead_are_given_back_when_the_handlers_slow_down() {
+    let db = fresh().await;
+    let (fast, slow) = (40, 200);
+    let news = (0..fast + slow)
+        .map(|i| new_job("q", None, json!({ "slow": i >= fast })))
+        .collect();
+    db.ledger.enqueue_many_as(news, "test").await.unwrap();
+    let largest = Arc::new(AtomicUsize::new(0));
+    let (open, gate) = tokio::sync::watch::channel(false);
+    let w = base(&db, "shift")
+        .concurrency(2)
+        .hooks(largest_claim(largest.clone()))
+        .handler("refund", move |ctx: JobContext| {
+            let mut gate = gate.clone();
+            async move {
+                if ctx.payload()["slow"] == json!(true) {
+                    let _ = gate.wait_for(|o| *o).await;
+                }
+                HandlerOutcome::success(json!({}))
+            }
+        })
+        .build()
+        .unwrap();
+    let running = start(w);
+    let leased = || db.count("SELECT count(*) FROM jobledger.jobs WHERE state = 'leased'");
+    common::eventually("the fast jobs raised the prefetch", || async {
+        largest.load(Ordering::SeqCst) > 4
+    })
+    .await;
+    common::eventually("only the running jobs and as many ahead are held", || async {
+        leased().await <= 4
+    })
+    .await;
+    let given_back = db
+        .count("SELECT count(*) FROM jobledger.events WHERE reason = 'released_unstarted'")
+        .await;
+    assert!(given_back > 0, "nothing was given back");
+    open.send(true).unwrap();
+    common::eventually("every job ran", || async {
+        db.count("SELECT count(*) FROM jobledger.jobs WHERE state = 'succeeded'")
+            .await
+            == (fast + slow) as i64
+    })
+    .await;
+    let report = stop(running).await;
+    assert_eq!(report.succeeded as usize, fast + slow, "{report:?}");
+    let burned = db
+        .count("SELECT count(*) FROM jobledger.jobs WHERE attempt <> 1")
+        .await;
+    assert_eq!(burned, 0, "a job given back kept its attempt");
+}

@@ -444,6 +444,10 @@ pub enum Cmd {
         kind: Vec<String>,
         #[arg(long, default_value_t = 8)]
         concurrency: usize,
+        /// Jobs claimed ahead of a free slot [default: by the handlers' pace,
+        /// from the concurrency up to 256].
+        #[arg(long)]
+        prefetch: Option<usize>,
         #[arg(long, value_parser = parse::lease, default_value = "30s")]
         lease: std::time::Duration,
         #[arg(long, value_parser = parse::lease, default_value = "10s")]

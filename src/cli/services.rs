@@ -79,6 +79,7 @@ async fn worker(ledger: Ledger, cli: &Cli) -> Result<i32> {
             exec,
             kind,
             concurrency,
+            prefetch,
             lease,
             heartbeat,
             poll,
@@ -101,6 +102,9 @@ async fn worker(ledger: Ledger, cli: &Cli) -> Result<i32> {
                 .drain_timeout(*drain_timeout)
                 .sweeper((!no_sweeper).then_some(Duration::from_secs(1)))
                 .scheduler((!no_scheduler).then_some(Duration::from_secs(1)));
+            if let Some(n) = prefetch {
+                b = b.prefetch(*n);
+            }
             for q in queue {
                 b = b.queue(q);
             }

@@ -11,11 +11,17 @@
 //! its handlers have recently run: never fewer than its concurrency (the
 //! fixed default before), never more than `CAP`. Slow handlers therefore
 //! fetch exactly as before; only fast ones fetch more, and a job fetched
-//! ahead is expected to start within the horizon. An explicit
-//! `WorkerBuilder::prefetch(n)` fixes the number instead.
+//! ahead is expected to start within the horizon. When the pace slows
+//! (a run that takes longer than the average counts before it ends), the
+//! jobs held ahead beyond the new number are given back unstarted, without
+//! burning an attempt, at the claim loop's next turn (at the latest one
+//! poll interval). An explicit `WorkerBuilder::prefetch(n)` fixes the
+//! number instead.
 
+use std::collections::HashMap;
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, Instant};
+use uuid::Uuid;
 
 /// A job fetched ahead should start within this, at the recent pace.
 pub(crate) const HORIZON: Duration = Duration::from_millis(50);
@@ -68,13 +74,30 @@ pub(crate) fn auto(concurrency: usize, avg_run: Option<Duration>) -> usize {
     }
 }
 
-/// The handlers' recent run time: an exponentially weighted average.
+/// The handlers' recent run time: an exponentially weighted average of the
+/// runs that ended (panicked ones too), raised by any run still going that
+/// has taken longer: a pace learnt from fast jobs must not outlive the
+/// first slow one by the slow one's whole run.
 #[derive(Debug, Default)]
-pub(crate) struct Pace(Mutex<Option<f64>>);
+pub(crate) struct Pace {
+    avg: Mutex<Option<f64>>,
+    running: Mutex<HashMap<Uuid, Instant>>,
+}
 
 impl Pace {
+    pub(crate) fn begin(&self, job: Uuid) {
+        self.running.lock().expect("pace").insert(job, Instant::now());
+    }
+
+    pub(crate) fn end(&self, job: Uuid) {
+        let Some(began) = self.running.lock().expect("pace").remove(&job) else {
+            return;
+        };
+        self.record(began.elapsed());
+    }
+
     pub(crate) fn record(&self, run: Duration) {
-        let mut avg = self.0.lock().expect("pace");
+        let mut avg = self.avg.lock().expect("pace");
         let s = run.as_secs_f64();
         *avg = Some(match *avg {
             None => s,
@@ -82,8 +105,17 @@ impl Pace {
         });
     }
 
+    /// None before any run ended (the floor applies).
     pub(crate) fn average(&self) -> Option<Duration> {
-        self.0.lock().expect("pace").map(Duration::from_secs_f64)
+        let avg = (*self.avg.lock().expect("pace"))?;
+        let longest = self
+            .running
+            .lock()
+            .expect("pace")
+            .values()
+            .map(|t| t.elapsed().as_secs_f64())
+            .fold(0.0, f64::max);
+        Some(Duration::from_secs_f64(avg.max(longest)))
     }
 }
 
@@ -139,5 +171,18 @@ mod tests {
         p.record(Duration::from_millis(20));
         let avg = p.average().unwrap().as_secs_f64();
         assert!((avg - 0.011).abs() < 1e-9, "{avg}");
+        // A run still going that has taken longer raises the average.
+        let id = Uuid::now_v7();
+        p.running
+            .lock()
+            .unwrap()
+            .insert(id, Instant::now() - Duration::from_secs(30));
+        assert!(p.average().unwrap() >= Duration::from_secs(30));
+        assert_eq!(auto(16, p.average()), 16);
+        p.end(id);
+        assert!(
+            p.average().unwrap() >= Duration::from_secs(3),
+            "the slow run counts once it ended"
+        );
     }
 }

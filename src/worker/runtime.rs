@@ -44,6 +44,23 @@ struct Shared {
     freed: Notify,
     /// The handlers' recent run time (for the default prefetch).
     pace: super::pace::Pace,
+    /// Jobs held that wait for a slot (claimed ahead).
+    waiting: std::sync::atomic::AtomicUsize,
+    /// Tells waiting jobs to check whether they are beyond the prefetch.
+    shed: Notify,
+}
+
+impl Shared {
+    /// Whether one waiting job should be given back: more are waiting than
+    /// the prefetch allows now. Takes that job off the count if so.
+    fn take_excess(&self) -> bool {
+        let allowed = self.cfg.prefetch.now(self.cfg.concurrency, self.pace.average());
+        self.waiting
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |w| {
+                (w > allowed).then(|| w - 1)
+            })
+            .is_ok()
+    }
 }
 
 pub(crate) async fn run(
@@ -102,6 +119,8 @@ pub(crate) async fn run(
         committer: tx,
         freed: Notify::new(),
         pace: Default::default(),
+        waiting: Default::default(),
+        shed: Notify::new(),
     });
     // `held`: jobs this worker holds a lease on (running or waiting for a
     // slot); `slots`: handlers running at once.
@@ -117,6 +136,9 @@ pub(crate) async fn run(
             while jobs.try_join_next().is_some() {}
             // Hold the running jobs and the prefetch the pace asks for now.
             let ahead = cfg.prefetch.now(cfg.concurrency, shared.pace.average());
+            if shared.waiting.load(Ordering::SeqCst) > ahead {
+                shared.shed.notify_waiters();
+            }
             let holding = most - held.available_permits();
             let want = (cfg.concurrency + ahead).saturating_sub(holding);
             let mut started = 0;
@@ -249,6 +271,43 @@ async fn drain(shared: &Arc<Shared>, jobs: &mut JoinSet<()>) {
     }
 }
 
+/// Waits for a handler slot; None when the worker stops, the job is
+/// cancelled or its lease lost, or the prefetch shrank below what waits
+/// (the job is then given back by the caller).
+async fn wait_for_slot(
+    shared: &Shared,
+    slots: Arc<Semaphore>,
+    shutdown: &CancellationToken,
+    signal: &Signal,
+) -> Option<OwnedSemaphorePermit> {
+    shared.waiting.fetch_add(1, Ordering::SeqCst);
+    let acquire = slots.acquire_owned();
+    tokio::pin!(acquire);
+    loop {
+        tokio::select! {
+            p = &mut acquire => {
+                shared.waiting.fetch_sub(1, Ordering::SeqCst);
+                break p.ok();
+            }
+            _ = shutdown.cancelled() => {
+                shared.waiting.fetch_sub(1, Ordering::SeqCst);
+                break None;
+            }
+            _ = signal.token.cancelled() => {
+                shared.waiting.fetch_sub(1, Ordering::SeqCst);
+                break None;
+            }
+            // The pace slowed: beyond the prefetch, give it back.
+            _ = shared.shed.notified() => {
+                // (Counted as released, like a job given back at shutdown.)
+                if shared.take_excess() {
+                    break None;
+                }
+            }
+        }
+    }
+}
+
 async fn run_job(
     shared: Arc<Shared>,
     lease: Lease,
@@ -265,11 +324,7 @@ async fn run_job(
         // Heartbeats and cancels cover the job from its claim on, also while
         // it waits for a slot.
         shared.inflight.lock().expect("inflight").insert(job.job_id, (lease.clone(), signal.clone()));
-        let permit = tokio::select! {
-            p = slots.acquire_owned() => p.ok(),
-            _ = shutdown.cancelled() => None,
-            _ = signal.token.cancelled() => None,
-        };
+        let permit = wait_for_slot(&shared, slots, &shutdown, &signal).await;
         let Some(permit) = permit else {
             // Never started: give it back without burning an attempt (a
             // requested cancel becomes `cancelled`), unless it is not ours.
@@ -301,12 +356,12 @@ async fn run_job(
                     pool: shared.ledger.pool().clone(),
                 };
                 // Its own task, so a panic becomes an outcome; aborted with us.
-                let began = Instant::now();
-                match AbortOnDropHandle::new(tokio::spawn(handler(ctx).in_current_span())).await {
-                    Ok(o) => {
-                        shared.pace.record(began.elapsed());
-                        o
-                    }
+                shared.pace.begin(job.job_id);
+                let ran = AbortOnDropHandle::new(tokio::spawn(handler(ctx).in_current_span())).await;
+                // Every run counts, a panicked one too.
+                shared.pace.end(job.job_id);
+                match ran {
+                    Ok(o) => o,
                     Err(e) if e.is_panic() => {
                         HandlerOutcome::Transient { code: "handler_panicked".into(), message: Some(e.to_string()) }
                     }
