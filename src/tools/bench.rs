@@ -340,7 +340,9 @@ pub(crate) async fn history(ledger: &Ledger, events: usize) -> Result<()> {
     let jobs = events.saturating_sub(have) / 3;
     let started = Instant::now();
     enqueue_batched(ledger, "history", jobs).await?;
-    drain(noop_worker(ledger, "history", 16, Some(48))?, jobs).await?;
+    // The worker's own prefetch (it follows the pace): the history's speed
+    // is not a figure, only its size is.
+    drain(noop_worker(ledger, "history", 16, None)?, jobs).await?;
     // What autovacuum does on a live database; this machine runs with it off.
     ledger.analyze_log().await?;
     eprintln!(
