@@ -31,25 +31,28 @@ async fn enqueue_many(db: &common::TestDb, n: usize) {
     db.ledger.enqueue_many_as(news, "test").await.unwrap();
 }
 
-/// No-op handlers: after the first runs, the worker asks for far more than
-/// its 2 slots and 2 ahead (the old fixed default, which never claimed more
-/// than 4 at once). Every job still runs exactly once.
-#[tokio::test]
-async fn fast_handlers_fetch_ahead_beyond_the_concurrency_by_default() {
-    let db = fresh().await;
-    let n = 600;
-    enqueue_many(&db, n).await;
+/// Enqueues `n` jobs and runs them with a worker of 2 slots and the
+/// default prefetch, each handler run taking `run` (none when zero);
+/// returns the worker's report, the handler runs and the largest claim.
+async fn run_all(
+    db: &common::TestDb,
+    n: usize,
+    run: Duration,
+) -> (jobledger::worker::WorkerReport, usize, usize) {
+    enqueue_many(db, n).await;
     let largest = Arc::new(AtomicUsize::new(0));
-    let hooks = largest_claim(largest.clone());
     let (tx, mut done) = mpsc::channel(1);
     let runs = Arc::new(AtomicUsize::new(0));
     let r = runs.clone();
-    let w = base(&db, "fast")
+    let w = base(db, "pace")
         .concurrency(2)
-        .hooks(hooks)
+        .hooks(largest_claim(largest.clone()))
         .handler("refund", move |_ctx: JobContext| {
             let (r, tx) = (r.clone(), tx.clone());
             async move {
+                if !run.is_zero() {
+                    tokio::time::sleep(run).await;
+                }
                 if r.fetch_add(1, Ordering::SeqCst) + 1 == n {
                     tx.send(()).await.unwrap();
                 }
@@ -61,9 +64,23 @@ async fn fast_handlers_fetch_ahead_beyond_the_concurrency_by_default() {
     let running = start(w);
     within("every job ran", done.recv()).await.unwrap();
     let report = stop(running).await;
+    (
+        report,
+        runs.load(Ordering::SeqCst),
+        largest.load(Ordering::SeqCst),
+    )
+}
+
+/// No-op handlers: after the first runs, the worker asks for far more than
+/// its 2 slots and 2 ahead (the old fixed default, which never claimed more
+/// than 4 at once). Every job still runs exactly once.
+#[tokio::test]
+async fn fast_handlers_fetch_ahead_beyond_the_concurrency_by_default() {
+    let db = fresh().await;
+    let n = 600;
+    let (report, runs, got) = run_all(&db, n, Duration::ZERO).await;
     assert_eq!(report.succeeded as usize, n, "{report:?}");
-    assert_eq!(runs.load(Ordering::SeqCst), n, "each job ran once");
-    let got = largest.load(Ordering::SeqCst);
+    assert_eq!(runs, n, "each job ran once");
     assert!(
         got > 4,
         "the largest claim was {got}: the prefetch did not follow the pace"
@@ -82,36 +99,12 @@ async fn fast_handlers_fetch_ahead_beyond_the_concurrency_by_default() {
 async fn slow_handlers_fetch_no_more_than_the_concurrency_ahead() {
     let db = fresh().await;
     let n = 16;
-    enqueue_many(&db, n).await;
-    let largest = Arc::new(AtomicUsize::new(0));
-    let hooks = largest_claim(largest.clone());
-    let (tx, mut done) = mpsc::channel(1);
-    let runs = Arc::new(AtomicUsize::new(0));
-    let r = runs.clone();
-    let w = base(&db, "slow")
-        .concurrency(2)
-        .hooks(hooks)
-        .handler("refund", move |_ctx: JobContext| {
-            let (r, tx) = (r.clone(), tx.clone());
-            async move {
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                if r.fetch_add(1, Ordering::SeqCst) + 1 == n {
-                    tx.send(()).await.unwrap();
-                }
-                HandlerOutcome::success(json!({}))
-            }
-        })
-        .build()
-        .unwrap();
-    let running = start(w);
-    within("every job ran", done.recv()).await.unwrap();
-    let report = stop(running).await;
+    let (report, _, got) = run_all(&db, n, Duration::from_millis(100)).await;
     assert_eq!(report.succeeded as usize, n, "{report:?}");
     let held = db
         .count("SELECT count(*) FROM jobledger.jobs WHERE state <> 'succeeded'")
         .await;
     assert_eq!(held, 0);
-    let got = largest.load(Ordering::SeqCst);
     assert!(got <= 4, "claimed {got} at once for 2 slots of slow handlers");
 }
 

@@ -13,6 +13,21 @@ fn as_role(url: &str, role: &str) -> String {
     url.replacen("postgres://postgres@", &format!("postgres://{role}@"), 1)
 }
 
+/// The SQLSTATE of a database error.
+fn sqlstate(e: &sqlx::Error) -> Option<String> {
+    e.as_database_error()
+        .and_then(|d| d.code())
+        .map(|c| c.to_string())
+}
+
+/// Runs hand-written SQL (several statements allowed) as `jobledger_worker`.
+async fn as_worker(db: &common::TestDb, sql: &str) -> Result<(), sqlx::Error> {
+    let mut conn = sqlx::PgConnection::connect(&as_role(&db.url, "jobledger_worker"))
+        .await
+        .unwrap();
+    sqlx::raw_sql(sql).execute(&mut conn).await.map(|_| ())
+}
+
 #[tokio::test]
 async fn a_worker_role_cannot_rewrite_history() {
     let db = fresh().await;
@@ -148,17 +163,8 @@ async fn the_projection_cannot_change_without_its_event() {
         "policy = '{\"max_attempts\": 999}'",
         "state = 'succeeded'",
     ] {
-        let mut conn = sqlx::PgConnection::connect(&as_role(&db.url, "jobledger_worker"))
-            .await
-            .unwrap();
-        let err = sqlx::raw_sql(&forge(update))
-            .execute(&mut conn)
-            .await
-            .unwrap_err();
-        let code = err
-            .as_database_error()
-            .and_then(|d| d.code())
-            .map(|c| c.to_string());
+        let err = as_worker(&db, &forge(update)).await.unwrap_err();
+        let code = sqlstate(&err);
         assert_eq!(
             code.as_deref(),
             Some(jobledger::store::ROW_WITHOUT_EVENT),
@@ -312,16 +318,10 @@ async fn forged_events_then(
          FROM jobledger.events e WHERE j.job_id = '{job}' AND e.job_id = j.job_id AND e.version = j.version + {events}; \
          COMMIT;"
     );
-    let mut conn = sqlx::PgConnection::connect(&as_role(&db.url, "jobledger_worker"))
+    as_worker(db, &sql)
         .await
-        .unwrap();
-    let r = sqlx::raw_sql(&sql).execute(&mut conn).await;
-    r.err().map(|e| {
-        e.as_database_error()
-            .and_then(|d| d.code())
-            .map(|c| c.to_string())
-            .unwrap_or_else(|| e.to_string())
-    })
+        .err()
+        .map(|e| sqlstate(&e).unwrap_or_else(|| e.to_string()))
 }
 
 /// `jobs_need_event_update` compares the row's state with its event's `to_state`:
@@ -366,17 +366,10 @@ async fn a_row_update_needs_its_event_by_the_end_of_its_statement() {
          COMMIT;",
         id = job.job_id
     );
-    let mut conn = sqlx::PgConnection::connect(&as_role(&db.url, "jobledger_worker"))
-        .await
-        .unwrap();
-    let err = sqlx::raw_sql(&sql)
-        .execute(&mut conn)
+    let err = as_worker(&db, &sql)
         .await
         .expect_err("the row went ahead of its event");
-    let code = err
-        .as_database_error()
-        .and_then(|d| d.code())
-        .map(|c| c.to_string());
+    let code = sqlstate(&err);
     assert_eq!(
         code.as_deref(),
         Some(jobledger::store::ROW_WITHOUT_EVENT),
