@@ -54,7 +54,10 @@ impl Shared {
     /// Whether one waiting job should be given back: more are waiting than
     /// the prefetch allows now. Takes that job off the count if so.
     fn take_excess(&self) -> bool {
-        let allowed = self.cfg.prefetch.now(self.cfg.concurrency, self.pace.average());
+        let allowed = self
+            .cfg
+            .prefetch
+            .now(self.cfg.concurrency, self.pace.average(self.cfg.concurrency));
         self.waiting
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |w| {
                 (w > allowed).then(|| w - 1)
@@ -135,8 +138,13 @@ pub(crate) async fn run(
         while !shutdown.is_cancelled() {
             while jobs.try_join_next().is_some() {}
             // Hold the running jobs and the prefetch the pace asks for now.
-            let ahead = cfg.prefetch.now(cfg.concurrency, shared.pace.average());
-            if shared.waiting.load(Ordering::SeqCst) > ahead {
+            let ahead = cfg
+                .prefetch
+                .now(cfg.concurrency, shared.pace.average(cfg.concurrency));
+            // Only a real slowdown sheds (more than twice what is allowed
+            // waits): a pace that wobbles must not release and claim again
+            // on every turn, each a pair of events in the log.
+            if shared.waiting.load(Ordering::SeqCst) > 2 * ahead {
                 shared.shed.notify_waiters();
             }
             let holding = most - held.available_permits();
@@ -285,6 +293,8 @@ async fn wait_for_slot(
     tokio::pin!(acquire);
     loop {
         tokio::select! {
+            // A slot already granted wins over a shed in the same turn.
+            biased;
             p = &mut acquire => {
                 shared.waiting.fetch_sub(1, Ordering::SeqCst);
                 break p.ok();
