@@ -86,10 +86,17 @@ const CONTROLLED: &str = "(c.paused OR c.limits <> '{}' OR c.rate IS NOT NULL)";
 /// What a claim takes, in one statement: expired leases whose kind's policy
 /// is reconcile (taken over) first, then due queued jobs (highest priority,
 /// i.e. lowest number, then oldest); each locked `SKIP LOCKED`. The second
-/// subquery may lock a few rows beyond `limit`; they are left untouched and
-/// unlocked at commit.
+/// scan may lock a few rows beyond `limit`; they are left untouched and
+/// unlocked at commit. A queue under control (paused, limits, rate) takes
+/// the limited path (`store::admission`): here it gets n = 0 and nothing is
+/// locked.
 ///
-/// The rows come out of the locking subqueries themselves: a row that a
+/// The two scans are the functions `jobledger.expired_leases` and
+/// `jobledger.due_jobs`, planned with sorts off: each walks its index in the
+/// order asked, whatever the statistics say (stale ones made claims sort
+/// every queued row; migration 20261206000001).
+///
+/// The rows come out of the locking queries themselves: a row that a
 /// transaction committing during this statement changed is locked at its new
 /// version (PostgreSQL re-checks it), and that version is what the claim
 /// decides on. Reading the rows again by id would see the statement's
@@ -101,17 +108,10 @@ pub async fn lock_claimable(
     limit: i64,
 ) -> StoreResult<Vec<Locked>> {
     let sql = format!(
-        "WITH expired AS ( \
-            SELECT {JOB_COLUMNS}, 0 AS pick FROM jobledger.jobs \
-            WHERE queue = $1 AND state IN ('leased', 'cancel_requested') AND lease_until <= now() \
-              AND NOT EXISTS (SELECT 1 FROM jobledger.queues c WHERE c.queue = $1 AND {CONTROLLED}) \
-              AND policy ->> 'on_lease_expiry' = 'reconcile' AND holder IS DISTINCT FROM $3 \
-            ORDER BY lease_until LIMIT $2 FOR UPDATE SKIP LOCKED), \
-         due AS ( \
-            SELECT {JOB_COLUMNS}, 1 AS pick FROM jobledger.jobs \
-            WHERE queue = $1 AND state = 'queued' AND run_at <= now() \
-              AND NOT EXISTS (SELECT 1 FROM jobledger.queues c WHERE c.queue = $1 AND {CONTROLLED}) \
-            ORDER BY priority, run_at LIMIT $2 FOR UPDATE SKIP LOCKED), \
+        "WITH ctl AS (SELECT CASE WHEN EXISTS (SELECT 1 FROM jobledger.queues c WHERE c.queue = $1 AND {CONTROLLED}) \
+                            THEN 0 ELSE $2 END AS n), \
+         expired AS (SELECT {JOB_COLUMNS}, 0 AS pick FROM ctl, jobledger.expired_leases($1, $3, ctl.n)), \
+         due AS (SELECT {JOB_COLUMNS}, 1 AS pick FROM ctl, jobledger.due_jobs($1, ctl.n)), \
          picked AS (SELECT * FROM (SELECT * FROM expired UNION ALL SELECT * FROM due) p ORDER BY pick LIMIT $2) \
          SELECT {JOB_COLUMNS}, clock_timestamp() AS db_now FROM picked ORDER BY job_id"
     );
