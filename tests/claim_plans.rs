@@ -31,7 +31,13 @@ async fn a_claim_walks_the_due_index_even_when_statistics_say_nothing_is_queued(
         .collect();
     db.ledger.enqueue_many_as(news, "test").await.unwrap();
     let noop = |_ctx: JobContext| async { HandlerOutcome::success(json!({})) };
-    let worker = start(base(&db, "history").queue("old").handler("refund", noop).build().unwrap());
+    let worker = start(
+        base(&db, "history")
+            .queue("old")
+            .handler("refund", noop)
+            .build()
+            .unwrap(),
+    );
     common::eventually("the history ran", || async {
         db.count("SELECT count(*) FROM jobledger.jobs WHERE state = 'succeeded'")
             .await
@@ -45,7 +51,9 @@ async fn a_claim_walks_the_due_index_even_when_statistics_say_nothing_is_queued(
         .execute(db.ledger.pool())
         .await
         .unwrap();
-    let burst = (0..500).map(|i| new_job("q", None, json!({ "burst": i }))).collect();
+    let burst = (0..500)
+        .map(|i| new_job("q", None, json!({ "burst": i })))
+        .collect();
     db.ledger.enqueue_many_as(burst, "test").await.unwrap();
 
     let mut conn = db.conn().await;
@@ -59,6 +67,51 @@ async fn a_claim_walks_the_due_index_even_when_statistics_say_nothing_is_queued(
         scans(&mut tx, "jobledger.jobs_search_state").await,
     );
     tx.rollback().await.unwrap();
-    assert_eq!(search, 0, "the claim read the search index (and sorted every queued job)");
+    assert_eq!(
+        search, 0,
+        "the claim read the search index (and sorted every queued job)"
+    );
     assert!(due >= 1, "the claim did not walk jobs_due ({due} scans)");
+}
+
+/// Review: the claim checks the queue's controls in the same snapshot as
+/// its scans. A claim that waited for its lock on `jobs` while a pause
+/// committed must claim nothing (checked in the calling statement, the
+/// check read the older snapshot and the claim took the paused jobs).
+#[tokio::test]
+async fn a_claim_that_waited_for_its_lock_sees_a_pause_committed_meanwhile() {
+    let db = fresh().await;
+    for i in 0..3 {
+        db.enqueue(None, json!({ "i": i })).await;
+    }
+    let mut holder = db.conn().await;
+    let mut blocking = holder.begin().await.unwrap();
+    sqlx::query("LOCK TABLE jobledger.jobs IN EXCLUSIVE MODE")
+        .execute(&mut *blocking)
+        .await
+        .unwrap();
+    let claim = tokio::spawn({
+        let l = db.ledger.clone();
+        async move { l.claim("q", "w", std::time::Duration::from_secs(30), 5).await }
+    });
+    common::eventually("the claim waits for its lock on jobs", || async {
+        db.count(
+            "SELECT count(*) FROM pg_locks WHERE NOT granted \
+             AND relation = 'jobledger.jobs'::regclass",
+        )
+        .await
+            > 0
+    })
+    .await;
+    db.ledger
+        .pause_queue("q", "alice", "the provider is down")
+        .await
+        .unwrap();
+    blocking.commit().await.unwrap();
+    let got = claim.await.unwrap().unwrap();
+    assert!(got.is_empty(), "a paused queue was claimed: {} leases", got.len());
+    let leased = db
+        .count("SELECT count(*) FROM jobledger.jobs WHERE state = 'leased'")
+        .await;
+    assert_eq!(leased, 0);
 }

@@ -80,16 +80,13 @@ pub async fn lock_jobs_skip_locked(conn: &mut PgConnection, ids: &[Uuid]) -> Sto
     Ok(sqlx::query_as(&sql).bind(ids).fetch_all(conn).await?)
 }
 
-/// A queue whose row says this takes the limited path (`store::admission`).
-const CONTROLLED: &str = "(c.paused OR c.limits <> '{}' OR c.rate IS NOT NULL)";
-
 /// What a claim takes, in one statement: expired leases whose kind's policy
 /// is reconcile (taken over) first, then due queued jobs (highest priority,
 /// i.e. lowest number, then oldest); each locked `SKIP LOCKED`. The second
 /// scan may lock a few rows beyond `limit`; they are left untouched and
 /// unlocked at commit. A queue under control (paused, limits, rate) takes
-/// the limited path (`store::admission`): here it gets n = 0 and nothing is
-/// locked.
+/// the limited path (`store::admission`): here it yields nothing and
+/// nothing of it is locked, checked in the same snapshot as the scans.
 ///
 /// The two scans are the functions `jobledger.expired_leases` and
 /// `jobledger.due_jobs`, planned with sorts off: each walks its index in the
@@ -108,10 +105,8 @@ pub async fn lock_claimable(
     limit: i64,
 ) -> StoreResult<Vec<Locked>> {
     let sql = format!(
-        "WITH ctl AS (SELECT CASE WHEN EXISTS (SELECT 1 FROM jobledger.queues c WHERE c.queue = $1 AND {CONTROLLED}) \
-                            THEN 0 ELSE $2 END AS n), \
-         expired AS (SELECT {JOB_COLUMNS}, 0 AS pick FROM ctl, jobledger.expired_leases($1, $3, ctl.n)), \
-         due AS (SELECT {JOB_COLUMNS}, 1 AS pick FROM ctl, jobledger.due_jobs($1, ctl.n)), \
+        "WITH expired AS (SELECT {JOB_COLUMNS}, 0 AS pick FROM jobledger.expired_leases($1, $3, $2)), \
+         due AS (SELECT {JOB_COLUMNS}, 1 AS pick FROM jobledger.due_jobs($1, $2)), \
          picked AS (SELECT * FROM (SELECT * FROM expired UNION ALL SELECT * FROM due) p ORDER BY pick LIMIT $2) \
          SELECT {JOB_COLUMNS}, clock_timestamp() AS db_now FROM picked ORDER BY job_id"
     );
