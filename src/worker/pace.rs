@@ -76,7 +76,8 @@ pub(crate) fn auto(concurrency: usize, avg_run: Option<Duration>) -> usize {
 }
 
 /// The handlers' recent run time: an exponentially weighted average of the
-/// runs that ended (panicked ones too), corrected for the runs still going.
+/// runs that ended (panicked ones too; each counted as at most one horizon
+/// longer than the average), corrected for the runs still going.
 /// A run still going slows only its own slot: the slots start jobs at the
 /// summed rate of 1 / max(average, its time so far) per busy slot and
 /// 1 / average per idle one, and the effective run time is the slots over
@@ -102,12 +103,19 @@ impl Pace {
         self.record(began.elapsed());
     }
 
+    /// One run ended. A run counts as at most one horizon longer than the
+    /// average: the prefetch only asks how many runs fit in the horizon, and
+    /// one slow run among fast ones (review: a 30 s run made the average
+    /// 3 s when it ended, and the whole prefetch was given back and claimed
+    /// again) then moves it by at most `ALPHA * HORIZON`. Runs that stay
+    /// slow bring the average to the floor's side within a dozen runs, and
+    /// while they run, each slows its own slot at once (`average`).
     pub(crate) fn record(&self, run: Duration) {
         let mut avg = self.avg.lock().expect("pace");
         let s = run.as_secs_f64();
         *avg = Some(match *avg {
             None => s,
-            Some(a) => a + ALPHA * (s - a),
+            Some(a) => a + ALPHA * (s.min(a + HORIZON.as_secs_f64()) - a),
         });
     }
 
@@ -194,9 +202,19 @@ mod tests {
         assert!(among < Duration::from_millis(12), "{among:?}");
         assert!(auto(16, Some(among)) > 60, "{}", auto(16, Some(among)));
         p.end(id);
+        let after = p.average(1).unwrap();
         assert!(
-            p.average(1).unwrap() >= Duration::from_secs(3),
+            after > Duration::from_millis(11),
             "the slow run counts once it ended"
         );
+        // Review: ended, it counts as one horizon longer than the average
+        // (11 ms + 50 ms), so the prefetch stays above twice the floor and
+        // nothing is given back (the whole average made it 3 s: the floor).
+        assert!(auto(16, Some(after)) > 2 * 16, "{after:?}");
+        // Runs that stay slow bring the prefetch to the floor.
+        for _ in 0..20 {
+            p.record(Duration::from_secs(1));
+        }
+        assert_eq!(auto(16, p.average(16)), 16, "{:?}", p.average(16));
     }
 }

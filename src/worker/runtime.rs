@@ -293,12 +293,10 @@ async fn wait_for_slot(
     tokio::pin!(acquire);
     loop {
         tokio::select! {
-            // A slot already granted wins over a shed in the same turn.
+            // In this order: a stop or a lost lease wins over a slot (the
+            // job must not start), and a slot already granted wins over a
+            // shed in the same turn.
             biased;
-            p = &mut acquire => {
-                shared.waiting.fetch_sub(1, Ordering::SeqCst);
-                break p.ok();
-            }
             _ = shutdown.cancelled() => {
                 shared.waiting.fetch_sub(1, Ordering::SeqCst);
                 break None;
@@ -306,6 +304,10 @@ async fn wait_for_slot(
             _ = signal.token.cancelled() => {
                 shared.waiting.fetch_sub(1, Ordering::SeqCst);
                 break None;
+            }
+            p = &mut acquire => {
+                shared.waiting.fetch_sub(1, Ordering::SeqCst);
+                break p.ok();
             }
             // The pace slowed: beyond the prefetch, give it back.
             _ = shared.shed.notified() => {
