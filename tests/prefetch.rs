@@ -147,9 +147,10 @@ async fn jobs_held_ahead_are_given_back_when_the_handlers_slow_down() {
     // then gives back down to the prefetch (worker::pace): with 2 slots and
     // the floor of 2 ahead, at most 2 running and 2 * 2 waiting stay held,
     // whichever moment of the slowdown the shed came at.
-    common::eventually("only the running jobs and at most twice the floor ahead are held", || async {
-        leased().await <= 2 + 2 * 2
-    })
+    common::eventually(
+        "only the running jobs and at most twice the floor ahead are held",
+        || async { leased().await <= 2 + 2 * 2 },
+    )
     .await;
     let given_back = db
         .count("SELECT count(*) FROM jobledger.events WHERE reason = 'released_unstarted'")
