@@ -180,3 +180,59 @@ async fn waiting_on_a_lock(db: &common::TestDb, sql: &str) {
     })
     .await;
 }
+
+/// Issue 15: an epoch's uniqueness sits on the log's first events, not on
+/// every row version of `jobs`. A job copied under a new id with a taken
+/// epoch is refused; so is a first event alone that reuses one (which the
+/// old `jobs` index let through: an epoch stays taken after a purge). The
+/// same copy with a fresh epoch goes in, so the epoch is what is refused.
+#[tokio::test]
+async fn an_epoch_is_never_taken_twice() {
+    use jobledger::store::rows::{EVENT_COLUMNS, JOB_COLUMNS};
+    let db = fresh().await;
+    let job = db.enqueue(None, json!({})).await;
+    // The columns of a copy: a new job id ($2) and the epoch $3.
+    let copy = |cols: &str| {
+        cols.split(", ")
+            .map(|c| match c.trim() {
+                "job_id" => "$2".to_string(),
+                "epoch" => "$3".to_string(),
+                c => c.to_string(),
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let first_event = format!(
+        "INSERT INTO jobledger.events ({EVENT_COLUMNS}) SELECT {} FROM jobledger.events \
+         WHERE job_id = $1 AND version = 1",
+        copy(EVENT_COLUMNS)
+    );
+    let with_row = format!(
+        "WITH e AS ({first_event} RETURNING 1) \
+         INSERT INTO jobledger.jobs ({JOB_COLUMNS}) SELECT {} FROM jobledger.jobs WHERE job_id = $1",
+        copy(JOB_COLUMNS)
+    );
+    let run = |sql: String, epoch: i64| {
+        let pool = db.ledger.pool().clone();
+        async move {
+            sqlx::query(&sql)
+                .bind(job.job_id)
+                .bind(uuid::Uuid::now_v7())
+                .bind(epoch)
+                .execute(&pool)
+                .await
+        }
+    };
+    for sql in [with_row.clone(), first_event.clone()] {
+        let err = run(sql.clone(), job.epoch).await.unwrap_err();
+        let code = err.as_database_error().and_then(|e| e.code()).map(|c| c.to_string());
+        assert_eq!(code.as_deref(), Some("23505"), "{sql}: {err}");
+        assert!(err.to_string().contains("events_first_epoch"), "{err}");
+    }
+    let fresh_epoch: i64 = sqlx::query_scalar("SELECT nextval('jobledger.epoch_seq')")
+        .fetch_one(db.ledger.pool())
+        .await
+        .unwrap();
+    run(with_row, fresh_epoch).await.expect("the same copy with a fresh epoch");
+    assert_eq!(db.count("SELECT count(*) FROM jobledger.jobs").await, 2);
+}
