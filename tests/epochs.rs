@@ -225,7 +225,10 @@ async fn an_epoch_is_never_taken_twice() {
     };
     for sql in [with_row.clone(), first_event.clone()] {
         let err = run(sql.clone(), job.epoch).await.unwrap_err();
-        let code = err.as_database_error().and_then(|e| e.code()).map(|c| c.to_string());
+        let code = err
+            .as_database_error()
+            .and_then(|e| e.code())
+            .map(|c| c.to_string());
         assert_eq!(code.as_deref(), Some("23505"), "{sql}: {err}");
         assert!(err.to_string().contains("events_first_epoch"), "{err}");
     }
@@ -233,6 +236,8 @@ async fn an_epoch_is_never_taken_twice() {
         .fetch_one(db.ledger.pool())
         .await
         .unwrap();
-    run(with_row, fresh_epoch).await.expect("the same copy with a fresh epoch");
+    run(with_row, fresh_epoch)
+        .await
+        .expect("the same copy with a fresh epoch");
     assert_eq!(db.count("SELECT count(*) FROM jobledger.jobs").await, 2);
 }
