@@ -4,7 +4,10 @@
 //! match: one `LATERAL` descent per state in an index led by (filter,
 //! state, created_at, job_id) for queue, kind or reason (or (state,
 //! created_at, job_id) without one), each stopping after `limit` rows,
-//! merged; other filters are checked on those rows. A key names at most one
+//! merged; other filters are checked on those rows. Leased and
+//! cancel-requested jobs are only in `jobs_search_leased` (state,
+//! created_at, job_id), walked the same way with the filters checked on the
+//! way (a claim enters one search index, not four). A key names at most one
 //! job per queue and is looked up by the unique index instead.
 
 use chrono::{DateTime, Utc};
