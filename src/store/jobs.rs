@@ -88,10 +88,10 @@ pub async fn lock_jobs_skip_locked(conn: &mut PgConnection, ids: &[Uuid]) -> Sto
 /// the limited path (`store::admission`): here it yields nothing and
 /// nothing of it is locked, checked in the same snapshot as the scans.
 ///
-/// The two scans are the functions `jobledger.expired_leases` and
-/// `jobledger.due_jobs`, planned with sorts off: each walks its index in the
-/// order asked, whatever the statistics say (stale ones made claims sort
-/// every queued row; migration 20261206000001).
+/// The two scans are the function `jobledger.claimable_jobs`, planned with
+/// sorts off: each walks its index in the order asked, whatever the
+/// statistics say (stale ones made claims sort every queued row; migration
+/// 20261206000001).
 ///
 /// The rows come out of the locking queries themselves: a row that a
 /// transaction committing during this statement changed is locked at its new
@@ -105,10 +105,8 @@ pub async fn lock_claimable(
     limit: i64,
 ) -> StoreResult<Vec<Locked>> {
     let sql = format!(
-        "WITH expired AS (SELECT {JOB_COLUMNS}, 0 AS pick FROM jobledger.expired_leases($1, $3, $2)), \
-         due AS (SELECT {JOB_COLUMNS}, 1 AS pick FROM jobledger.due_jobs($1, $2)), \
-         picked AS (SELECT * FROM (SELECT * FROM expired UNION ALL SELECT * FROM due) p ORDER BY pick LIMIT $2) \
-         SELECT {JOB_COLUMNS}, clock_timestamp() AS db_now FROM picked ORDER BY job_id"
+        "SELECT {JOB_COLUMNS}, clock_timestamp() AS db_now \
+         FROM jobledger.claimable_jobs($1, $3, $2) ORDER BY job_id"
     );
     Ok(sqlx::query_as(&sql)
         .bind(queue)
