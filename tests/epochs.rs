@@ -225,10 +225,7 @@ async fn an_epoch_is_never_taken_twice() {
     };
     for sql in [with_row.clone(), first_event.clone()] {
         let err = run(sql.clone(), job.epoch).await.unwrap_err();
-        let code = err
-            .as_database_error()
-            .and_then(|e| e.code())
-            .map(|c| c.to_string());
+        let code = common::sqlstate(&err);
         assert_eq!(code.as_deref(), Some("23505"), "{sql}: {err}");
         assert!(err.to_string().contains("events_first_epoch"), "{err}");
     }

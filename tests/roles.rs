@@ -13,13 +13,6 @@ fn as_role(url: &str, role: &str) -> String {
     url.replacen("postgres://postgres@", &format!("postgres://{role}@"), 1)
 }
 
-/// The SQLSTATE of a database error.
-fn sqlstate(e: &sqlx::Error) -> Option<String> {
-    e.as_database_error()
-        .and_then(|d| d.code())
-        .map(|c| c.to_string())
-}
-
 /// Runs hand-written SQL (several statements allowed) as `jobledger_worker`.
 async fn as_worker(db: &common::TestDb, sql: &str) -> Result<(), sqlx::Error> {
     let mut conn = sqlx::PgConnection::connect(&as_role(&db.url, "jobledger_worker"))
@@ -65,10 +58,7 @@ async fn a_worker_role_cannot_rewrite_history() {
         "DROP TABLE jobledger.events",
     ] {
         let err = sqlx::query(sql).execute(&mut conn).await.unwrap_err();
-        let code = err
-            .as_database_error()
-            .and_then(|d| d.code())
-            .map(|c| c.to_string());
+        let code = common::sqlstate(&err);
         assert_eq!(
             code.as_deref(),
             Some("42501"),
@@ -131,7 +121,7 @@ async fn the_projection_cannot_change_without_its_event() {
              version, last_hash FROM jobledger.jobs WHERE job_id = $1",
         ] {
             let err = sqlx::query(sql).bind(job.job_id).execute(&mut conn).await.unwrap_err();
-            let code = err.as_database_error().and_then(|d| d.code()).map(|c| c.to_string());
+            let code = common::sqlstate(&err);
             assert_eq!(code.as_deref(), Some(jobledger::store::ROW_WITHOUT_EVENT), "{role}: {sql}: {err}");
             let msg = err.to_string();
             assert!(
@@ -164,7 +154,7 @@ async fn the_projection_cannot_change_without_its_event() {
         "state = 'succeeded'",
     ] {
         let err = as_worker(&db, &forge(update)).await.unwrap_err();
-        let code = sqlstate(&err);
+        let code = common::sqlstate(&err);
         assert_eq!(
             code.as_deref(),
             Some(jobledger::store::ROW_WITHOUT_EVENT),
@@ -214,10 +204,7 @@ async fn the_log_order_and_the_key_floors_are_the_databases_alone() {
         "INSERT INTO jobledger.key_floors VALUES ('q', 'k', 9223372036854775806)".into(),
     ] {
         let err = sqlx::raw_sql(&sql).execute(&mut worker).await.unwrap_err();
-        let code = err
-            .as_database_error()
-            .and_then(|d| d.code())
-            .map(|c| c.to_string());
+        let code = common::sqlstate(&err);
         assert_eq!(code.as_deref(), Some("42501"), "{sql}: {err}");
     }
 
@@ -250,10 +237,7 @@ async fn the_log_order_and_the_key_floors_are_the_databases_alone() {
     );
     for sql in [vanish, reborn, squat] {
         let err = sqlx::raw_sql(&sql).execute(&mut admin).await.unwrap_err();
-        let code = err
-            .as_database_error()
-            .and_then(|d| d.code())
-            .map(|c| c.to_string());
+        let code = common::sqlstate(&err);
         assert_eq!(
             code.as_deref(),
             Some(jobledger::store::ROW_WITHOUT_EVENT),
@@ -321,7 +305,7 @@ async fn forged_events_then(
     as_worker(db, &sql)
         .await
         .err()
-        .map(|e| sqlstate(&e).unwrap_or_else(|| e.to_string()))
+        .map(|e| common::sqlstate(&e).unwrap_or_else(|| e.to_string()))
 }
 
 /// `jobs_need_event_update` compares the row's state with its event's `to_state`:
@@ -369,7 +353,7 @@ async fn a_row_update_needs_its_event_by_the_end_of_its_statement() {
     let err = as_worker(&db, &sql)
         .await
         .expect_err("the row went ahead of its event");
-    let code = sqlstate(&err);
+    let code = common::sqlstate(&err);
     assert_eq!(
         code.as_deref(),
         Some(jobledger::store::ROW_WITHOUT_EVENT),

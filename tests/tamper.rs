@@ -69,36 +69,32 @@ async fn database_refuses_a_broken_chain_link() {
     let gap = gap.unwrap_err().to_string();
     assert!(gap.contains("does not link"), "a version gap is refused: {gap}");
     // Two linked versions in one statement, the later one first in the
-    // log: refused, as the row trigger refused it (found in review).
-    let ahead = sqlx::query(
-        "INSERT INTO jobledger.events (job_id, version, type, to_state, reason, actor, epoch, token, attempt, run, \
-         data, recorded_at, prev_hash, hash) \
-         SELECT $1, v, 'observed', 'succeeded', 'observation', 'x', 1, 1, 1, 0, jsonb_build_object('key', v::text), \
-           now(), CASE WHEN v = 4 THEN (SELECT hash FROM jobledger.events WHERE job_id = $1 AND version = 3) \
-           ELSE 'h4' END, 'h' || v \
-         FROM (VALUES (4), (5)) AS t(v) ORDER BY v DESC",
-    )
-    .bind(id)
-    .execute(db.ledger.pool())
-    .await;
+    // log: refused, as the row trigger refused it (found in review). The
+    // control: the same two in their order are accepted.
+    let two_versions = |order: &str| {
+        format!(
+            "INSERT INTO jobledger.events (job_id, version, type, to_state, reason, actor, epoch, token, attempt, run, \
+             data, recorded_at, prev_hash, hash) \
+             SELECT $1, v, 'observed', 'succeeded', 'observation', 'x', 1, 1, 1, 0, jsonb_build_object('key', v::text), \
+               now(), CASE WHEN v = 4 THEN (SELECT hash FROM jobledger.events WHERE job_id = $1 AND version = 3) \
+               ELSE 'h4' END, 'h' || v \
+             FROM (VALUES (4), (5)) AS t(v) ORDER BY v {order}"
+        )
+    };
+    let ahead = sqlx::query(&two_versions("DESC"))
+        .bind(id)
+        .execute(db.ledger.pool())
+        .await;
     let ahead = ahead.unwrap_err().to_string();
     assert!(
         ahead.contains("event 5") && ahead.contains("does not link"),
         "{ahead}"
     );
-    // The control: the same two in their order are accepted.
-    sqlx::query(
-        "INSERT INTO jobledger.events (job_id, version, type, to_state, reason, actor, epoch, token, attempt, run, \
-         data, recorded_at, prev_hash, hash) \
-         SELECT $1, v, 'observed', 'succeeded', 'observation', 'x', 1, 1, 1, 0, jsonb_build_object('key', v::text), \
-           now(), CASE WHEN v = 4 THEN (SELECT hash FROM jobledger.events WHERE job_id = $1 AND version = 3) \
-           ELSE 'h4' END, 'h' || v \
-         FROM (VALUES (4), (5)) AS t(v) ORDER BY v",
-    )
-    .bind(id)
-    .execute(db.ledger.pool())
-    .await
-    .expect("linked versions in their order");
+    sqlx::query(&two_versions("ASC"))
+        .bind(id)
+        .execute(db.ledger.pool())
+        .await
+        .expect("linked versions in their order");
 }
 
 /// Scenario 15: someone with superuser rights disables the triggers and

@@ -190,10 +190,7 @@ async fn only_a_trace_context_is_stored_as_one() {
     .execute(&mut conn)
     .await
     .expect_err("refused");
-    let code = err
-        .as_database_error()
-        .and_then(|e| e.code())
-        .map(|c| c.to_string());
+    let code = common::sqlstate(&err);
     assert_eq!(code.as_deref(), Some("23514"), "{err}");
     let _ = sqlx::raw_sql("ROLLBACK").execute(&mut conn).await;
     // Near misses of the shape: short ids, a dash moved, upper case, a

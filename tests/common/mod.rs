@@ -147,6 +147,13 @@ pub async fn around_the_log(pool: &sqlx::PgPool, sql: &str, job: Uuid) {
     tx.commit().await.unwrap();
 }
 
+/// The SQLSTATE of a database error (None for any other error).
+pub fn sqlstate(e: &sqlx::Error) -> Option<String> {
+    e.as_database_error()
+        .and_then(|d| d.code())
+        .map(|c| c.to_string())
+}
+
 pub fn new_job(queue: &str, key: Option<&str>, payload: Value) -> NewJob {
     NewJob {
         queue: queue.into(),
