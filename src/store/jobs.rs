@@ -81,16 +81,15 @@ pub async fn lock_jobs_skip_locked(conn: &mut PgConnection, ids: &[Uuid]) -> Sto
 }
 
 /// What a claim takes, in one statement: expired leases whose kind's policy
-/// is reconcile (taken over) first, then due queued jobs (highest priority,
-/// i.e. lowest number, then oldest); each locked `SKIP LOCKED`. The second
-/// scan may lock a few rows beyond `limit`; they are left untouched and
-/// unlocked at commit. A queue under control (paused, limits, rate) takes
+/// is reconcile (taken over) first, then as many due queued jobs as the
+/// limit leaves (highest priority, i.e. lowest number, then oldest); each
+/// locked `SKIP LOCKED`. A queue under control (paused, limits, rate) takes
 /// the limited path (`store::admission`): here it yields nothing and
-/// nothing of it is locked, checked in the same snapshot as the scans.
+/// nothing of it is locked, checked in the same snapshot as each scan.
 ///
-/// The two scans are the function `jobledger.claimable_jobs`, planned with
-/// sorts off: each walks its index in the order asked, whatever the
-/// statistics say (stale ones made claims sort every queued row; migration
+/// The scans are the function `jobledger.claimable_jobs`, planned with sorts
+/// off: each walks its index in the order asked, whatever the statistics
+/// say (stale ones made claims sort every queued row; migration
 /// 20261206000001).
 ///
 /// The rows come out of the locking queries themselves: a row that a

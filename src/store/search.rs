@@ -37,7 +37,9 @@ pub type After = (DateTime<Utc>, Uuid);
 /// The statement for the filters present: only their predicates appear
 /// (each filter set is its own prepared statement, planned for what it
 /// asks), and every equality filter has an index led by it and the state:
-/// queue, kind and reason (migrations 20261202000004 and ...06).
+/// queue, kind and reason (migrations 20261202000004 and ...06), except for
+/// leased and cancel-requested jobs, which only `jobs_search_leased` holds
+/// (state first; the filters are checked on its rows; ...20261206000002).
 /// One branch per state with the state written out, so the planner can
 /// use an index that covers only some states (the claim's, the terminal one).
 fn search_sql(f: &JobFilter) -> String {
