@@ -189,8 +189,20 @@ impl LogReader {
     /// The next batch after `after` (reads only; storing the checkpoint is
     /// the caller's, once it has handled the batch).
     pub async fn read(&self, after: Checkpoint, limit: i64) -> LedgerResult<Batch> {
+        self.read_data_of(after, limit, None).await
+    }
+
+    /// `read`, with `data` only on events of the kinds `data_of` names
+    /// (JSON `null` on the others; `None`: on all). Versions handed out
+    /// early may carry their data anyway.
+    pub async fn read_data_of(
+        &self,
+        after: Checkpoint,
+        limit: i64,
+        data_of: Option<&[&str]>,
+    ) -> LedgerResult<Batch> {
         let mut conn = self.pool.acquire().await?;
-        let rows = readers::events_after(&mut conn, after.txid, after.position, limit).await?;
+        let rows = readers::events_after(&mut conn, after.txid, after.position, limit, data_of).await?;
         let Some(last) = rows.last() else {
             return Ok(Batch {
                 next: after,
@@ -327,6 +339,7 @@ impl jobledger_projections::LogSource for LogReader {
         &self,
         after: jobledger_projections::Checkpoint,
         limit: i64,
+        data_of: Option<&'static [&'static str]>,
     ) -> jobledger_projections::BoxFuture<
         '_,
         Result<
@@ -342,7 +355,7 @@ impl jobledger_projections::LogSource for LogReader {
                 txid: after.txid,
                 position: after.position,
             };
-            let batch = LogReader::read(self, from, limit)
+            let batch = LogReader::read_data_of(self, from, limit, data_of)
                 .await
                 .map_err(|e| jobledger_projections::ProjectionError::Log(e.to_string()))?;
             let events = batch

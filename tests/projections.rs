@@ -488,3 +488,106 @@ async fn a_caught_up_rebuild_switches_while_commits_wait_behind_the_horizon() {
     within("a catch-up", r.catch_up(&[&JobTimeline])).await.unwrap();
     assert_eq!(timeline_rows(&db).await, 6, "the waiting commit arrives");
 }
+
+/// Records the `data` it was handed, per (job, version).
+struct DataSeen(Option<&'static [&'static str]>, &'static str);
+impl Projection for DataSeen {
+    fn name(&self) -> &str {
+        self.1
+    }
+    fn version(&self) -> i32 {
+        1
+    }
+    fn data_of(&self) -> Option<&'static [&'static str]> {
+        self.0
+    }
+    fn create<'a>(
+        &'a self,
+        tx: &'a mut PgConnection,
+        table: &'a str,
+    ) -> BoxFuture<'a, Result<(), sqlx::Error>> {
+        Box::pin(async move {
+            sqlx::query(&format!(
+                "CREATE TABLE {table} (type text, version bigint, data jsonb, PRIMARY KEY (type, version))"
+            ))
+            .execute(&mut *tx)
+            .await?;
+            Ok(())
+        })
+    }
+    fn apply<'a>(
+        &'a self,
+        tx: &'a mut PgConnection,
+        table: &'a str,
+        events: &'a [Event],
+    ) -> BoxFuture<'a, Result<(), sqlx::Error>> {
+        Box::pin(async move {
+            sqlx::query(&format!(
+                "INSERT INTO {table} SELECT * FROM UNNEST($1::text[], $2::int8[], $3::jsonb[]) ON CONFLICT DO NOTHING"
+            ))
+            .bind(events.iter().map(|e| e.kind.clone()).collect::<Vec<_>>())
+            .bind(events.iter().map(|e| e.version).collect::<Vec<_>>())
+            .bind(events.iter().map(|e| e.data.clone()).collect::<Vec<_>>())
+            .execute(&mut *tx)
+            .await?;
+            Ok(())
+        })
+    }
+}
+
+/// A projection gets the data of the event kinds it names and JSON null on
+/// the others; one that names none gets every event's data as stored.
+#[tokio::test]
+async fn a_projection_reads_only_the_data_it_names() {
+    let db = fresh().await;
+    let job = db.enqueue(None, json!({ "big": "payload" })).await;
+    db.claim_one("w")
+        .await
+        .complete(Some(json!({ "r": 1 })))
+        .await
+        .unwrap();
+    let reader = LogReader::open(db.ledger.pool().clone(), "data-of")
+        .await
+        .unwrap();
+    let runner = Runner::new(db.ledger.pool().clone(), &reader, 10).await.unwrap();
+    let cases: [(&'static str, Option<&'static [&'static str]>); 3] = [
+        ("seen_all", None),
+        ("seen_enqueued", Some(&["enqueued"])),
+        ("seen_none", Some(&[])),
+    ];
+    for (name, data_of) in cases {
+        within("a catch-up", runner.catch_up(&[&DataSeen(data_of, name)]))
+            .await
+            .unwrap();
+    }
+    let stored: Vec<(String, serde_json::Value)> =
+        sqlx::query_as("SELECT type, data FROM jobledger.events WHERE job_id = $1 ORDER BY version")
+            .bind(job.job_id)
+            .fetch_all(db.ledger.pool())
+            .await
+            .unwrap();
+    assert_eq!(stored.len(), 3);
+    for (name, data_of) in cases {
+        let seen: Vec<(String, serde_json::Value)> = sqlx::query_as(&format!(
+            "SELECT type, data FROM jobledger_proj.{name} ORDER BY version"
+        ))
+        .fetch_all(db.ledger.pool())
+        .await
+        .unwrap();
+        assert_eq!(seen.len(), 3, "{name}: every event, data or not");
+        for ((kind, data), (seen_kind, seen_data)) in stored.iter().zip(&seen) {
+            assert_eq!(kind, seen_kind);
+            let named = data_of.is_none_or(|kinds| kinds.contains(&kind.as_str()));
+            let want = if named {
+                data.clone()
+            } else {
+                serde_json::Value::Null
+            };
+            assert_eq!(seen_data, &want, "{name}: the data of the {kind} event");
+        }
+    }
+    assert!(
+        stored.iter().all(|(_, d)| !d.is_null()),
+        "every event stored data: {stored:?}"
+    );
+}

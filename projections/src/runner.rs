@@ -218,7 +218,7 @@ impl<'a> Runner<'a> {
         };
         let (events, next) = match self.take_ahead(name, building, from) {
             Some(batch) => batch,
-            None => self.log.read(from, self.batch).await?,
+            None => self.log.read(from, self.batch, p.data_of()).await?,
         };
         if events.is_empty() {
             return Ok(Advanced::Empty);
@@ -250,7 +250,7 @@ impl<'a> Runner<'a> {
         };
         let read_ahead = async {
             if full {
-                self.log.read(next, self.batch).await.ok()
+                self.log.read(next, self.batch, p.data_of()).await.ok()
             } else {
                 None
             }

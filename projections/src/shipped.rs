@@ -15,6 +15,10 @@ impl Projection for JobTimeline {
     fn version(&self) -> i32 {
         1
     }
+    /// No event's data: the timeline keeps the event's columns only.
+    fn data_of(&self) -> Option<&'static [&'static str]> {
+        Some(&[])
+    }
     fn create<'a>(
         &'a self,
         tx: &'a mut PgConnection,
@@ -101,6 +105,10 @@ impl Projection for QueueStats {
     }
     fn version(&self) -> i32 {
         3
+    }
+    /// A job's queue, from its `enqueued` event.
+    fn data_of(&self) -> Option<&'static [&'static str]> {
+        Some(&["enqueued"])
     }
     fn create<'a>(
         &'a self,

@@ -34,6 +34,10 @@ impl Projection for Workflows {
     fn version(&self) -> i32 {
         1
     }
+    /// The workflow tie and kind, from each job's `enqueued` event.
+    fn data_of(&self) -> Option<&'static [&'static str]> {
+        Some(&["enqueued"])
+    }
     fn create<'a>(
         &'a self,
         tx: &'a mut PgConnection,

@@ -126,11 +126,15 @@ pub async fn store_checkpoint<'e>(
 /// transactions below the log horizon (`jobledger.log_horizon()`, evaluated
 /// once per statement): every transaction of this database with a smaller id
 /// has finished, so nothing can later appear behind what is returned.
+///
+/// `data_of`: the event kinds whose `data` is read; the others come with
+/// JSON `null` (PostgreSQL never reads or prints it). `None`: every event's.
 pub async fn events_after(
     conn: &mut PgConnection,
     txid: i64,
     position: i64,
     limit: i64,
+    data_of: Option<&[&str]>,
 ) -> StoreResult<Vec<LoggedEvent>> {
     let sql = format!(
         // `ORDER BY e.txid`, not the bigint alias: ordering by the alias
@@ -138,12 +142,16 @@ pub async fn events_after(
         "SELECT e.txid::text::bigint AS txid, {} FROM jobledger.events e \
          WHERE (e.txid, e.position) > ($1::text::xid8, $2) AND e.txid < (SELECT jobledger.log_horizon()) \
          ORDER BY e.txid, e.position LIMIT $3",
-        qualified()
+        qualified().replace(
+            "e.data,",
+            "CASE WHEN $4::text[] IS NULL OR e.type = ANY($4::text[]) THEN e.data ELSE 'null'::jsonb END AS data,"
+        )
     );
     Ok(sqlx::query_as(&sql)
         .bind(txid)
         .bind(position)
         .bind(limit)
+        .bind(data_of)
         .fetch_all(conn)
         .await?)
 }

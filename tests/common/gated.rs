@@ -55,9 +55,10 @@ impl LogSource for GatedLog<'_> {
         &self,
         after: Checkpoint,
         limit: i64,
+        data_of: Option<&'static [&'static str]>,
     ) -> BoxFuture<'_, Result<(Vec<Event>, Checkpoint), ProjectionError>> {
         Box::pin(async move {
-            let out = LogSource::read(self.inner, after, limit).await?;
+            let out = LogSource::read(self.inner, after, limit, data_of).await?;
             let left = (after == self.at)
                 .then(|| {
                     self.pass
