@@ -193,8 +193,9 @@ impl LogReader {
     }
 
     /// `read`, with `data` only on events of the kinds `data_of` names
-    /// (JSON `null` on the others; `None`: on all). Versions handed out
-    /// early may carry their data anyway.
+    /// (JSON `null` on the others; `None`: on all), also on versions handed
+    /// out early (their lookup reads all data): a (job, version) comes with
+    /// the same data each time it comes.
     pub async fn read_data_of(
         &self,
         after: Checkpoint,
@@ -213,7 +214,12 @@ impl LogReader {
             txid: last.txid,
             position: last.row.position,
         };
-        let early = left_out(&mut conn, after, next, &rows).await?;
+        let mut early = left_out(&mut conn, after, next, &rows).await?;
+        if let Some(kinds) = data_of {
+            for e in early.iter_mut().filter(|e| !kinds.contains(&e.row.kind.as_str())) {
+                e.row.data = serde_json::Value::Null;
+            }
+        }
         let n_early = early.len();
         let mut events: Vec<LogEvent> = early.into_iter().chain(rows).map(to_log).collect();
         // Per job in version order; a job's events keep their relative order
