@@ -109,8 +109,10 @@ pub trait Projection: Send + Sync {
         tx: &'a mut PgConnection,
         table: &'a str,
     ) -> BoxFuture<'a, Result<(), sqlx::Error>>;
-    /// The kinds of event whose `data` `apply` reads; the others come with
-    /// `data` = `Value::Null`. `None` (the default): every event's data.
+    /// The kinds of event whose `data` `apply` reads, exactly as in the
+    /// log's `type` (`"enqueued"`); the others come with `data` =
+    /// `Value::Null`, every time they come. `None` (the default): every
+    /// event's data.
     /// Reading and parsing each event's data was about half of what reading
     /// the log cost (an `enqueued` event carries the payload and policy), so
     /// a projection that needs none, or only its jobs' `enqueued` events',

@@ -10,9 +10,14 @@ use super::StoreResult;
 
 /// `e.position, e.job_id, ...`: the event columns of alias `e`.
 fn qualified() -> String {
+    qualified_with(|c| format!("e.{c}"))
+}
+
+/// The event columns of alias `e`, each as `column` writes it.
+fn qualified_with(column: impl Fn(&str) -> String) -> String {
     std::iter::once("position")
         .chain(EVENT_COLUMNS.split(',').map(str::trim))
-        .map(|c| format!("e.{c}"))
+        .map(column)
         .collect::<Vec<_>>()
         .join(", ")
 }
@@ -127,8 +132,9 @@ pub async fn store_checkpoint<'e>(
 /// once per statement): every transaction of this database with a smaller id
 /// has finished, so nothing can later appear behind what is returned.
 ///
-/// `data_of`: the event kinds whose `data` is read; the others come with
-/// JSON `null` (PostgreSQL never reads or prints it). `None`: every event's.
+/// `data_of`: the event kinds (exactly as in `type`) whose `data` is read;
+/// the others come with JSON `null` (PostgreSQL does not decompress, print
+/// or send their data). `None`: every event's.
 pub async fn events_after(
     conn: &mut PgConnection,
     txid: i64,
@@ -142,10 +148,13 @@ pub async fn events_after(
         "SELECT e.txid::text::bigint AS txid, {} FROM jobledger.events e \
          WHERE (e.txid, e.position) > ($1::text::xid8, $2) AND e.txid < (SELECT jobledger.log_horizon()) \
          ORDER BY e.txid, e.position LIMIT $3",
-        qualified().replace(
-            "e.data,",
-            "CASE WHEN $4::text[] IS NULL OR e.type = ANY($4::text[]) THEN e.data ELSE 'null'::jsonb END AS data,"
-        )
+        qualified_with(|c| {
+            match c {
+            "data" => "CASE WHEN $4::text[] IS NULL OR e.type = ANY($4::text[]) THEN e.data ELSE 'null'::jsonb END AS data"
+                .to_string(),
+            c => format!("e.{c}"),
+        }
+        })
     );
     Ok(sqlx::query_as(&sql)
         .bind(txid)

@@ -399,7 +399,7 @@ pub async fn rebuild_rate(ledger: &Ledger, events: usize) -> Result<()> {
             p.name()
         );
         print(
-            format!("rebuild {} from position 0", p.name()),
+            format!("rebuild {} beside the serving table", p.name()),
             s.rebuilt,
             started.elapsed().as_secs_f64(),
         );
