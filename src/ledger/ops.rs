@@ -433,9 +433,9 @@ impl Ledger {
         Ok(jobs::oldest_open_age(&self.pool).await?)
     }
 
-    /// Planner statistics for the log (see `store::schema::analyze_log`).
-    pub async fn analyze_log(&self) -> LedgerResult<()> {
-        Ok(crate::store::schema::analyze_log(&self.pool).await?)
+    /// Vacuums and analyses the log (see `store::schema::vacuum_log`).
+    pub async fn vacuum_log(&self) -> LedgerResult<()> {
+        Ok(crate::store::schema::vacuum_log(&self.pool).await?)
     }
 
     pub async fn count_events_total(&self) -> LedgerResult<i64> {

@@ -344,7 +344,7 @@ pub(crate) async fn history(ledger: &Ledger, events: usize) -> Result<()> {
     // is not a figure, only its size is.
     drain(noop_worker(ledger, "history", 16, None)?, jobs).await?;
     // What autovacuum does on a live database; this machine runs with it off.
-    ledger.analyze_log().await?;
+    ledger.vacuum_log().await?;
     eprintln!(
         "bench: history of {} events built in {:.0}s",
         ledger.count_events_total().await?,
