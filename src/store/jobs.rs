@@ -90,7 +90,7 @@ pub async fn lock_jobs_skip_locked(conn: &mut PgConnection, ids: &[Uuid]) -> Sto
 /// The scans are the function `jobledger.claimable_jobs`, planned with sorts
 /// off: each walks its index in the order asked, whatever the statistics
 /// say (stale ones made claims sort every queued row; migration
-/// 20261206000001).
+/// 20261206000003).
 ///
 /// The rows come out of the locking queries themselves: a row that a
 /// transaction committing during this statement changed is locked at its new
