@@ -29,6 +29,11 @@ fn landed_migrations_are_unchanged() {
             sum,
             "landed migration {file} was modified"
         );
+        let described = file
+            .trim_end_matches(".sql")
+            .split_once('_')
+            .map(|(_, d)| d.replace('_', " "));
+        assert_eq!(described.as_deref(), Some(&*m.description), "{file} was renamed");
         checked += 1;
     }
     assert!(checked > 20, "the list names the landed migrations ({checked})");
