@@ -7,6 +7,7 @@ use std::collections::{HashMap, HashSet};
 use tracing::instrument;
 use uuid::Uuid;
 
+use super::context::{ContextCache, BLOCK};
 use super::engine::traced;
 use super::error::{LedgerError, LedgerResult};
 use super::Ledger;
@@ -40,7 +41,7 @@ impl Ledger {
         loop {
             let items = vec![(new.clone(), None)];
             match self
-                .enqueue_drafts_in(&mut conn, items, actor)
+                .enqueue_drafts_in(&mut conn, items, actor, Some(&self.context))
                 .await
                 .map(|mut v| v.pop().expect("one in, one out"))
             {
@@ -79,7 +80,7 @@ impl Ledger {
         loop {
             let items = news.iter().cloned().map(|n| (n, None)).collect();
             let mut tx = self.pool.begin().await?;
-            match self.enqueue_drafts_in(&mut tx, items, actor).await {
+            match self.enqueue_drafts_in(&mut tx, items, actor, None).await {
                 Ok(done) => {
                     tx.commit().await?;
                     return Ok(done);
@@ -101,7 +102,7 @@ impl Ledger {
         conn: &mut PgConnection,
         news: Vec<NewJob>,
     ) -> LedgerResult<Vec<Enqueued>> {
-        self.enqueue_drafts_in(conn, news.into_iter().map(|n| (n, None)).collect(), "api")
+        self.enqueue_drafts_in(conn, news.into_iter().map(|n| (n, None)).collect(), "api", None)
             .await
     }
 
@@ -118,6 +119,7 @@ impl Ledger {
                 .map(|(n, id, tie)| (n, Some((id, tie))))
                 .collect(),
             actor,
+            None,
         )
         .await
     }
@@ -127,6 +129,7 @@ impl Ledger {
         conn: &mut PgConnection,
         items: Vec<(NewJob, Option<(Uuid, WorkflowTie)>)>,
         actor: &str,
+        cache: Option<&ContextCache>,
     ) -> LedgerResult<Vec<Enqueued>> {
         for (n, _) in &items {
             self.check_new(n)?;
@@ -138,7 +141,13 @@ impl Ledger {
                 ));
             }
         }
-        insert_drafts(conn, items, self.hooks.after_epochs.as_ref(), actor).await
+        let done = insert_drafts(conn, items, self.hooks.after_epochs.as_ref(), actor, cache).await;
+        if done.is_err() {
+            // Whatever failed (a key's floor above a remembered epoch, say),
+            // the retry reads afresh.
+            cache.inspect(|c| c.forget());
+        }
+        done
     }
 }
 
@@ -156,6 +165,7 @@ pub(crate) async fn insert_drafts(
     items: Vec<(NewJob, Option<(Uuid, WorkflowTie)>)>,
     after_epochs: Option<&AfterEpochs>,
     actor: &str,
+    cache: Option<&ContextCache>,
 ) -> LedgerResult<Vec<Enqueued>> {
     let (news, ties): (Vec<NewJob>, Vec<Option<(Uuid, WorkflowTie)>>) = items.into_iter().unzip();
     if news.is_empty() {
@@ -166,8 +176,13 @@ pub(crate) async fn insert_drafts(
         .filter(|n| n.policy.is_none())
         .map(|n| (n.queue.clone(), n.kind.clone()))
         .collect();
-    let (queues, kinds): (Vec<String>, Vec<String>) = wanted.into_iter().unzip();
-    let (epochs, now, registered) = jobs::enqueue_context(conn, news.len() as i64, &queues, &kinds).await?;
+    let pairs: Vec<(String, String)> = wanted.into_iter().collect();
+    let Context {
+        epochs,
+        now,
+        registered,
+        check,
+    } = context(conn, news.len(), &pairs, cache).await?;
     if let Some(h) = after_epochs {
         h().await;
     }
@@ -208,10 +223,29 @@ pub(crate) async fn insert_drafts(
         .iter()
         .map(|(e, j)| traced(EventRow::from(e), j.traceparent.as_deref()))
         .collect();
-    let inserted: HashMap<Uuid, i64> = jobs::insert_new_jobs(conn, rows, evs)
-        .await?
-        .into_iter()
-        .collect();
+    let inserted = match &check {
+        None => jobs::insert_new_jobs(conn, rows, evs).await?,
+        Some(check) => match jobs::insert_new_jobs_checked(conn, rows, evs, check).await? {
+            Some(done) => {
+                wake(conn, &drafts, &done).await;
+                done
+            }
+            // Refused, nothing written: read afresh and decide again.
+            None => {
+                let cache = cache.expect("only a remembered context is checked");
+                cache.forget();
+                return Box::pin(insert_drafts(
+                    conn,
+                    items_again(news, ties),
+                    after_epochs,
+                    actor,
+                    None,
+                ))
+                .await;
+            }
+        },
+    };
+    let inserted: HashMap<Uuid, i64> = inserted.into_iter().collect();
     let mut out = Vec::with_capacity(drafts.len());
     for (ev, job) in drafts {
         if let Some(position) = inserted.get(&ev.job_id) {
@@ -225,6 +259,76 @@ pub(crate) async fn insert_drafts(
         out.push(existing_or_next(conn, ev, job, actor).await?);
     }
     Ok(out)
+}
+
+/// Sends the wake-ups a checked insert left out: the queues of the jobs it
+/// wrote (committed by now: a checked insert runs outside a transaction).
+/// A failure is logged, not returned: the jobs exist, and an error would
+/// make a caller enqueue a job without a key twice. Workers and readers
+/// find them at their next poll.
+async fn wake(conn: &mut PgConnection, drafts: &[(crate::domain::Event, Job)], done: &[(Uuid, i64)]) {
+    let written: HashSet<Uuid> = done.iter().map(|(id, _)| *id).collect();
+    let mut queues: Vec<String> = drafts
+        .iter()
+        .filter(|(_, j)| written.contains(&j.job_id) && j.state == crate::domain::JobState::Queued)
+        .map(|(_, j)| j.queue.clone())
+        .collect();
+    queues.dedup();
+    if queues.is_empty() {
+        return;
+    }
+    if let Err(e) = jobs::wake(conn, &queues).await {
+        tracing::warn!(error = %e, ?queues, "enqueued, but the wake-up after the commit failed");
+    }
+}
+
+/// What an enqueue needs before it can hash its events.
+struct Context {
+    epochs: Vec<i64>,
+    now: chrono::DateTime<chrono::Utc>,
+    registered: Vec<(String, String, serde_json::Value)>,
+    /// Set when taken from memory: what the insert must check.
+    check: Option<jobs::ContextCheck>,
+}
+
+/// The context of `n` new jobs: from `cache` when it remembers enough,
+/// else read, drawing a block of epochs more for the cache to remember.
+async fn context(
+    conn: &mut PgConnection,
+    n: usize,
+    pairs: &[(String, String)],
+    cache: Option<&ContextCache>,
+) -> LedgerResult<Context> {
+    if let Some(t) = cache.and_then(|c| c.take(n, pairs)) {
+        return Ok(Context {
+            epochs: t.epochs,
+            now: t.now,
+            registered: t.registered,
+            check: Some(t.check),
+        });
+    }
+    let extra = if cache.is_some() { BLOCK } else { 0 };
+    let (queues, kinds): (Vec<String>, Vec<String>) = pairs.iter().cloned().unzip();
+    let (mut epochs, now, registered) =
+        jobs::enqueue_context(conn, (n + extra) as i64, &queues, &kinds).await?;
+    let read_at = std::time::Instant::now();
+    let rest = epochs.split_off(n);
+    if let Some(c) = cache {
+        c.remember(rest, now, read_at, pairs, &registered);
+    }
+    Ok(Context {
+        epochs,
+        now,
+        registered,
+        check: None,
+    })
+}
+
+fn items_again(
+    news: Vec<NewJob>,
+    ties: Vec<Option<(Uuid, WorkflowTie)>>,
+) -> Vec<(NewJob, Option<(Uuid, WorkflowTie)>)> {
+    news.into_iter().zip(ties).collect()
 }
 
 /// A draft whose key names a job already: that job, or, when the job's

@@ -339,7 +339,7 @@ async fn fan_in_if_due(conn: &mut PgConnection, parent: &Job) -> LedgerResult<()
     // The fan-in joins its workflow's trace, whoever ended the last step.
     let span = tracing::info_span!("fan_in", otel.name = "jobledger.fan_in", parent = %parent.job_id);
     crate::telemetry::place_for_job(&span, parent.traceparent.as_deref());
-    super::enqueue::insert_drafts(conn, vec![(new, Some((f.job_id, tie)))], None, "api")
+    super::enqueue::insert_drafts(conn, vec![(new, Some((f.job_id, tie)))], None, "api", None)
         .instrument(span)
         .await?;
     Ok(())

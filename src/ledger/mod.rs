@@ -2,6 +2,7 @@
 //! `engine`, which runs the pure state machine under the job's row lock.
 
 mod admission;
+mod context;
 mod engine;
 mod enqueue;
 mod error;
@@ -45,6 +46,8 @@ pub struct Ledger {
     /// Per limited queue, the key the last limited claim's walk over keys
     /// ended at: the next walk starts after it (ledger::admission).
     key_cursors: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, String>>>,
+    /// The last enqueue context read, for single enqueues (ledger::context).
+    context: context::ContextCache,
 }
 
 /// Test hooks: gates between the steps of a write, so tests can force an
@@ -71,6 +74,7 @@ impl Ledger {
             limits: Limits::default(),
             hooks: LedgerHooks::default(),
             key_cursors: Default::default(),
+            context: Default::default(),
         }
     }
 
@@ -112,6 +116,13 @@ impl Ledger {
 
     pub fn pool(&self) -> &PgPool {
         &self.pool
+    }
+
+    /// For tests: moves the clock reading single enqueues remember
+    /// (ledger::context) by `by`, as a stepped or drifting clock would.
+    #[doc(hidden)]
+    pub fn shift_remembered_clock(&self, by: chrono::TimeDelta) {
+        self.context.shift(by);
     }
 
     pub fn limits(&self) -> &Limits {

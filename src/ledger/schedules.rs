@@ -287,7 +287,7 @@ impl Ledger {
             .map(|slot| (slot_job(&spec, name, *slot), None))
             .collect();
         let enqueued = self
-            .enqueue_drafts_in(&mut tx, jobs, super::enqueue::SCHEDULER)
+            .enqueue_drafts_in(&mut tx, jobs, super::enqueue::SCHEDULER, None)
             .await?;
         for (slot, e) in p.fire.iter().zip(enqueued) {
             let fire = ScheduleCommand::Fire {

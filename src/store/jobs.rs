@@ -24,21 +24,104 @@ pub async fn insert_new_jobs(
     rows: Vec<JobRow>,
     events: Vec<EventRow>,
 ) -> StoreResult<Vec<(Uuid, i64)>> {
-    let n = JOB_TYPES.len();
-    let sql = format!(
-        "WITH j AS (INSERT INTO jobledger.jobs ({JOB_COLUMNS}) SELECT * FROM {} \
-                    ON CONFLICT (queue, job_key) WHERE job_key IS NOT NULL DO NOTHING RETURNING job_id), \
-              e AS (INSERT INTO jobledger.events ({EVENT_COLUMNS}) \
-                    SELECT * FROM {} AS u({EVENT_COLUMNS}) WHERE u.job_id IN (SELECT job_id FROM j) \
-                    ORDER BY u.job_id RETURNING job_id, position) \
-         SELECT job_id, position FROM e",
-        unnest(JOB_TYPES, 1),
-        unnest(EVENT_TYPES, n + 1)
-    );
+    let sql = insert_jobs_sql("", "true", "");
     let q = sqlx::query_as(&sql);
     let q = JobArrays::of(rows).bind_all(q);
     let q = EventArrays::of(events).bind_all(q);
     Ok(q.fetch_all(conn).await?)
+}
+
+/// What an enqueue took from the ledger's remembered context instead of
+/// reading it (ledger::context), for its insert to check.
+#[derive(Debug, Clone)]
+pub struct ContextCheck {
+    /// The jobs' time: the database clock as last read plus what the
+    /// client measured since.
+    pub now: DateTime<Utc>,
+    /// How far behind the database clock `now` may be.
+    pub within_ms: i64,
+    /// `[[queue, kind, policy or null], ...]`: the registered policy each
+    /// (queue, kind) was taken to have (null: none registered).
+    pub policies: serde_json::Value,
+}
+
+/// `insert_new_jobs` for a remembered context: writes nothing and answers
+/// None unless, at the statement's start, `now` is not ahead of the
+/// database clock nor more than `within_ms` behind it, and every policy
+/// the jobs were given is still the one registered. Outside a transaction
+/// only: it leaves the wake-ups to the caller, after the commit (`wake`;
+/// migration 20261207000001).
+pub async fn insert_new_jobs_checked(
+    conn: &mut PgConnection,
+    rows: Vec<JobRow>,
+    events: Vec<EventRow>,
+    check: &ContextCheck,
+) -> StoreResult<Option<Vec<(Uuid, i64)>>> {
+    let n = JOB_TYPES.len() + EVENT_TYPES.len();
+    // The check's CTE is evaluated once; the insert takes no row when it
+    // fails, and the answer then carries one row of NULLs.
+    let ok = format!(
+        "ok AS (SELECT set_config('jobledger.wake_after_commit', 'on', true) = 'on' \
+                  AND ${a}::timestamptz <= clock_timestamp() \
+                  AND clock_timestamp() - ${a} <= make_interval(secs => ${b}::float8 / 1000) \
+                  AND NOT EXISTS (SELECT 1 FROM jsonb_array_elements(${c}::jsonb) g \
+                      LEFT JOIN jobledger.kind_policies p ON p.queue = g ->> 0 AND p.kind = g ->> 1 \
+                      WHERE p.policy IS DISTINCT FROM nullif(g -> 2, 'null'::jsonb)) AS ok), ",
+        a = n + 1,
+        b = n + 2,
+        c = n + 3
+    );
+    let sql = insert_jobs_sql(
+        &ok,
+        "(SELECT ok FROM ok)",
+        " UNION ALL SELECT NULL::uuid, NULL::int8 FROM ok WHERE NOT ok",
+    );
+    let q = sqlx::query_as(&sql);
+    let q = JobArrays::of(rows).bind_all(q);
+    let q = EventArrays::of(events).bind_all(q);
+    let got: Vec<(Option<Uuid>, Option<i64>)> = q
+        .bind(check.now)
+        .bind(check.within_ms)
+        .bind(&check.policies)
+        .fetch_all(conn)
+        .await?;
+    if got.iter().any(|(id, _)| id.is_none()) {
+        return Ok(None);
+    }
+    Ok(Some(
+        got.into_iter().filter_map(|(id, at)| Some((id?, at?))).collect(),
+    ))
+}
+
+/// The wake-ups `insert_new_jobs_checked` left out, sent after its
+/// commit, in a transaction of their own that holds PostgreSQL's notify
+/// lock only briefly: its commit does not wait for a flush (it wrote
+/// nothing that needs one).
+pub async fn wake<'e>(exec: impl PgExecutor<'e>, queues: &[String]) -> StoreResult<()> {
+    sqlx::query(
+        "SELECT set_config('synchronous_commit', 'off', true), pg_notify('jobledger_events', ''), \
+                pg_notify('jobledger_queued', q) FROM unnest($1::text[]) q",
+    )
+    .bind(queues)
+    .execute(exec)
+    .await?;
+    Ok(())
+}
+
+/// The insert of new jobs and events, with `with` before its CTEs, `cond`
+/// on the jobs taken and `tail` after its answer.
+fn insert_jobs_sql(with: &str, cond: &str, tail: &str) -> String {
+    let n = JOB_TYPES.len();
+    format!(
+        "WITH {with}j AS (INSERT INTO jobledger.jobs ({JOB_COLUMNS}) SELECT * FROM {} WHERE {cond} \
+                    ON CONFLICT (queue, job_key) WHERE job_key IS NOT NULL DO NOTHING RETURNING job_id), \
+              e AS (INSERT INTO jobledger.events ({EVENT_COLUMNS}) \
+                    SELECT * FROM {} AS u({EVENT_COLUMNS}) WHERE u.job_id IN (SELECT job_id FROM j) \
+                    ORDER BY u.job_id RETURNING job_id, position) \
+         SELECT job_id, position FROM e{tail}",
+        unnest(JOB_TYPES, 1),
+        unnest(EVENT_TYPES, n + 1)
+    )
 }
 
 pub async fn find_job<'e>(exec: impl PgExecutor<'e>, job_id: Uuid) -> StoreResult<Option<JobRow>> {
