@@ -186,38 +186,7 @@ pub(crate) async fn insert_drafts(
     if let Some(h) = after_epochs {
         h().await;
     }
-    let registered: HashMap<(String, String), Policy> = registered
-        .into_iter()
-        .map(|(q, k, v)| {
-            let p = serde_json::from_value(v)
-                .map_err(|e| StoreError::Corrupt(format!("policy of {q}/{k}: {e}")))?;
-            Ok::<_, StoreError>(((q, k), p))
-        })
-        .collect::<Result<_, _>>()?;
-    let ctx = Ctx {
-        now,
-        actor: actor.into(),
-        jitter: 0.0,
-        // The job joins the trace of the span enqueueing it (this one).
-        trace: crate::telemetry::here(),
-    };
-    let mut drafts = Vec::with_capacity(news.len());
-    for ((new, epoch), tie) in news.iter().zip(epochs).zip(&ties) {
-        let policy = match &new.policy {
-            Some(p) => p.clone(),
-            None => registered
-                .get(&(new.queue.clone(), new.kind.clone()))
-                .cloned()
-                .unwrap_or_default(),
-        };
-        let (id, tie) = match tie {
-            Some((id, tie)) => (*id, Some(tie)),
-            None => (Uuid::now_v7(), None),
-        };
-        let ev = decide_enqueue_tied(id, epoch, new, &policy, tie, &ctx);
-        let job = apply(None, &ev).map_err(|e| StoreError::Corrupt(e.to_string()))?;
-        drafts.push((ev, job));
-    }
+    let drafts = decide_drafts(&news, epochs, &ties, registered, now, actor)?;
     let rows: Vec<JobRow> = drafts.iter().map(|(_, j)| JobRow::from(j)).collect();
     let evs: Vec<EventRow> = drafts
         .iter()
@@ -259,6 +228,50 @@ pub(crate) async fn insert_drafts(
         out.push(existing_or_next(conn, ev, job, actor).await?);
     }
     Ok(out)
+}
+
+/// Decides the `enqueued` event of each new job and the job it makes.
+fn decide_drafts(
+    news: &[NewJob],
+    epochs: Vec<i64>,
+    ties: &[Option<(Uuid, WorkflowTie)>],
+    registered: Vec<(String, String, serde_json::Value)>,
+    now: chrono::DateTime<chrono::Utc>,
+    actor: &str,
+) -> LedgerResult<Vec<(crate::domain::Event, Job)>> {
+    let registered: HashMap<(String, String), Policy> = registered
+        .into_iter()
+        .map(|(q, k, v)| {
+            let p = serde_json::from_value(v)
+                .map_err(|e| StoreError::Corrupt(format!("policy of {q}/{k}: {e}")))?;
+            Ok::<_, StoreError>(((q, k), p))
+        })
+        .collect::<Result<_, _>>()?;
+    let ctx = Ctx {
+        now,
+        actor: actor.into(),
+        jitter: 0.0,
+        // The job joins the trace of the span enqueueing it (this one).
+        trace: crate::telemetry::here(),
+    };
+    let mut drafts = Vec::with_capacity(news.len());
+    for ((new, epoch), tie) in news.iter().zip(epochs).zip(ties) {
+        let policy = match &new.policy {
+            Some(p) => p.clone(),
+            None => registered
+                .get(&(new.queue.clone(), new.kind.clone()))
+                .cloned()
+                .unwrap_or_default(),
+        };
+        let (id, tie) = match tie {
+            Some((id, tie)) => (*id, Some(tie)),
+            None => (Uuid::now_v7(), None),
+        };
+        let ev = decide_enqueue_tied(id, epoch, new, &policy, tie, &ctx);
+        let job = apply(None, &ev).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+        drafts.push((ev, job));
+    }
+    Ok(drafts)
 }
 
 /// Sends the wake-ups a checked insert left out: the queues of the jobs it
