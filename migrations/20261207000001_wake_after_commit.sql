@@ -9,10 +9,14 @@
 -- own 5,050-5,800; the insert alone 8,070. Every enqueue notified, so no
 -- number of clients could enqueue faster than the disk flushes one by one.
 --
--- The enqueue's statement now says `jobledger.wake_after_commit = on` for
--- its own (implicit) transaction, the two insert-time triggers then send
--- nothing, and the ledger sends the same notifications in the next
--- statement, after the commit (ledger::context, store::jobs::wake). A
+-- The enqueue's statement sets `jobledger.wake_after_commit` to its own
+-- statement_timestamp(), and the two insert-time triggers send nothing when
+-- the setting names the statement they fire for. So the switch holds for
+-- that one statement: a later statement of the same transaction, or a value
+-- set for a role or a database, names another time, and its triggers notify
+-- as before. The ledger sends the same notifications in the next statement,
+-- after the commit, from a task the caller cannot cancel
+-- (ledger::context, store::jobs::wake). A
 -- process that dies between the two loses the wake-up, not the job:
 -- workers find it at their next poll, log readers at theirs. Every other
 -- write, and every enqueue inside a caller's transaction, notifies in its
@@ -20,7 +24,7 @@
 
 CREATE OR REPLACE FUNCTION jobledger.notify_events() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    IF current_setting('jobledger.wake_after_commit', true) = 'on' THEN
+    IF current_setting('jobledger.wake_after_commit', true) = statement_timestamp()::text THEN
         RETURN NULL;
     END IF;
     PERFORM pg_notify('jobledger_events', '');
@@ -30,7 +34,7 @@ $$;
 
 CREATE OR REPLACE FUNCTION jobledger.notify_inserted_jobs() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    IF current_setting('jobledger.wake_after_commit', true) = 'on' THEN
+    IF current_setting('jobledger.wake_after_commit', true) = statement_timestamp()::text THEN
         RETURN NULL;
     END IF;
     PERFORM pg_notify('jobledger_queued', q.queue)

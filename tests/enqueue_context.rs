@@ -12,6 +12,16 @@ use jobledger::ledger::Ledger;
 use serde_json::json;
 use std::time::Duration;
 
+/// The test database's ledger, its remembered context used however slowly
+/// the test runs (the insert's check still bounds the time).
+fn remembering(db: &common::TestDb) -> Ledger {
+    db.ledger.clone().remember_context_for(Duration::from_secs(3600))
+}
+
+async fn enqueue(l: &Ledger, key: Option<&str>, n: i64) -> jobledger::domain::Job {
+    l.enqueue(new_job("q", key, json!({ "n": n }))).await.unwrap().job
+}
+
 async fn db_clock(l: &Ledger) -> DateTime<Utc> {
     sqlx::query_scalar("SELECT clock_timestamp()")
         .fetch_one(l.pool())
@@ -25,7 +35,8 @@ async fn db_clock(l: &Ledger) -> DateTime<Utc> {
 #[tokio::test]
 async fn a_policy_registered_after_the_read_applies_to_the_next_enqueue() {
     let db = fresh().await;
-    let first = db.enqueue(None, json!({"n": 1})).await;
+    let l = remembering(&db);
+    let first = enqueue(&l, None, 1).await;
     assert_eq!(first.policy, Policy::default());
     let other = Ledger::connect(&db.url, 2).await.unwrap();
     let seven = Policy {
@@ -33,14 +44,24 @@ async fn a_policy_registered_after_the_read_applies_to_the_next_enqueue() {
         ..Policy::default()
     };
     other.register_policy("q", "refund", &seven).await.unwrap();
-    let second = db.enqueue(None, json!({"n": 2})).await;
-    assert_eq!(second.policy, seven, "the remembered 'no policy' was refused");
-    let again = Policy {
+    assert_eq!(
+        enqueue(&l, None, 2).await.policy,
+        seven,
+        "the remembered 'no policy' was refused"
+    );
+    // Remembered again (the refusal's retry read afresh but kept nothing),
+    // then changed.
+    assert_eq!(enqueue(&l, None, 3).await.policy, seven);
+    let three = Policy {
         max_attempts: 3,
         ..Policy::default()
     };
-    other.register_policy("q", "refund", &again).await.unwrap();
-    assert_eq!(db.enqueue(None, json!({"n": 3})).await.policy, again);
+    other.register_policy("q", "refund", &three).await.unwrap();
+    assert_eq!(
+        enqueue(&l, None, 4).await.policy,
+        three,
+        "the remembered 7 was refused"
+    );
     db.assert_verified().await;
 }
 
@@ -51,16 +72,20 @@ async fn a_policy_registered_after_the_read_applies_to_the_next_enqueue() {
 #[tokio::test]
 async fn a_remembered_clock_ahead_or_far_behind_is_read_again() {
     let db = fresh().await;
-    db.enqueue(None, json!({"n": 0})).await;
-    for (shift, n) in [
-        (TimeDelta::hours(1), 1),
-        (TimeDelta::seconds(-10), 2),
-        (TimeDelta::milliseconds(2), 3),
-    ] {
-        db.ledger.shift_remembered_clock(shift);
-        let before = db_clock(&db.ledger).await;
-        let job = db.enqueue(None, json!({ "n": n })).await;
-        let after = db_clock(&db.ledger).await;
+    let l = remembering(&db);
+    let cases = [
+        (TimeDelta::hours(1), true),
+        (TimeDelta::seconds(-10), true),
+        // Behind by what the reading lagged already plus 200 ms.
+        (TimeDelta::milliseconds(-200), false),
+    ];
+    for (n, (shift, refused)) in cases.into_iter().enumerate() {
+        // Remember a reading (a refusal's retry leaves none), then skew it.
+        let primed = enqueue(&l, None, 2 * n as i64).await;
+        l.shift_remembered_clock(shift);
+        let before = db_clock(&l).await;
+        let job = enqueue(&l, None, 2 * n as i64 + 1).await;
+        let after = db_clock(&l).await;
         assert!(
             job.created_at <= after,
             "shift {shift}: {} after the clock {after}",
@@ -70,6 +95,13 @@ async fn a_remembered_clock_ahead_or_far_behind_is_read_again() {
             job.created_at >= before - TimeDelta::seconds(1),
             "shift {shift}: {} more than a second before {before}",
             job.created_at
+        );
+        // Taken from memory: the next epoch of the primer's block; refused
+        // and read afresh: a new block, far above it.
+        assert_eq!(
+            job.epoch != primed.epoch + 1,
+            refused,
+            "shift {shift}: refused {refused}"
         );
     }
     db.assert_verified().await;
@@ -81,21 +113,17 @@ async fn a_remembered_clock_ahead_or_far_behind_is_read_again() {
 #[tokio::test]
 async fn a_remembered_epoch_below_a_purged_lifecycle_is_drawn_again() {
     let db = fresh().await;
-    let first = db.enqueue(None, json!({"n": 0})).await; // remembers a block above it
+    let l = remembering(&db);
+    let first = enqueue(&l, None, 0).await; // remembers a block above it
     let other = Ledger::connect(&db.url, 2).await.unwrap();
-    let purged = other
-        .enqueue(new_job("q", Some("K"), json!({"n": 1})))
-        .await
-        .unwrap()
-        .job;
+    let purged = enqueue(&other, Some("K"), 1).await;
     assert!(
         purged.epoch > first.epoch + 63,
         "drawn after the remembered block"
     );
     other.cancel(purged.job_id, None).await.unwrap();
     assert_eq!(other.purge(Duration::ZERO, 10).await.unwrap(), 1);
-    let e = db
-        .ledger
+    let e = l
         .enqueue(new_job("q", Some("K"), json!({"n": 2})))
         .await
         .expect("drawn again, not refused");
@@ -109,62 +137,128 @@ async fn a_remembered_epoch_below_a_purged_lifecycle_is_drawn_again() {
     db.assert_verified().await;
 }
 
-/// A single enqueue wakes workers and log readers after its commit (its
-/// insert leaves the notifications to the ledger's next statement): every
-/// enqueue is announced on both channels, the job is visible by then, and
-/// the statement's setting does not outlive it, so a later write on the
-/// same connection notifies from its triggers as before.
-#[tokio::test]
-async fn a_single_enqueue_wakes_after_its_commit() {
-    use sqlx::postgres::PgListener;
-    let db = fresh().await;
-    // One connection: every write below runs on the same session.
-    let one = Ledger::connect(&db.url, 1).await.unwrap();
-    let mut listener = PgListener::connect(&db.url).await.unwrap();
-    listener
-        .listen_all(["jobledger_queued", "jobledger_events"])
-        .await
-        .unwrap();
-    for n in 0..3 {
-        let job = one
-            .enqueue(new_job("q", None, json!({ "n": n })))
-            .await
-            .unwrap()
-            .job;
-        let mut got = Vec::new();
-        for _ in 0..2 {
-            let note = common::within("a wake-up", listener.recv()).await.unwrap();
-            got.push((note.channel().to_string(), note.payload().to_string()));
-        }
-        got.sort();
-        assert_eq!(
-            got,
-            [
-                ("jobledger_events".into(), String::new()),
-                ("jobledger_queued".into(), "q".into())
-            ],
-            "enqueue {n}"
-        );
-        let seen: i64 = sqlx::query_scalar("SELECT count(*) FROM jobledger.jobs WHERE job_id = $1")
-            .bind(job.job_id)
-            .fetch_one(db.ledger.pool())
-            .await
-            .unwrap();
-        assert_eq!(seen, 1, "enqueue {n}: visible when announced");
-    }
-    // A batch in its own transaction, on the same session: its triggers
-    // notify (nothing was left switched off).
-    one.enqueue_many_as(vec![new_job("other", None, json!({}))], "api")
+/// The notifications that arrive before a sentinel sent after them
+/// (PostgreSQL delivers them in commit order), sorted.
+async fn notes_until_sentinel(
+    db: &common::TestDb,
+    listener: &mut sqlx::postgres::PgListener,
+) -> Vec<(String, String)> {
+    sqlx::query("SELECT pg_notify('sentinel', '')")
+        .execute(db.ledger.pool())
         .await
         .unwrap();
     let mut got = Vec::new();
-    for _ in 0..2 {
-        let note = common::within("the batch's wake-up", listener.recv())
-            .await
-            .unwrap();
-        got.push(note.channel().to_string());
+    loop {
+        let note = common::within("a notification", listener.recv()).await.unwrap();
+        if note.channel() == "sentinel" {
+            got.sort();
+            return got;
+        }
+        got.push((note.channel().to_string(), note.payload().to_string()));
     }
-    got.sort();
-    assert_eq!(got, ["jobledger_events", "jobledger_queued"]);
+}
+
+async fn listening(db: &common::TestDb) -> sqlx::postgres::PgListener {
+    let mut listener = sqlx::postgres::PgListener::connect(&db.url).await.unwrap();
+    listener
+        .listen_all(["jobledger_queued", "jobledger_events", "sentinel"])
+        .await
+        .unwrap();
+    listener
+}
+
+fn both(queue: &str) -> Vec<(String, String)> {
+    vec![
+        ("jobledger_events".into(), String::new()),
+        ("jobledger_queued".into(), queue.into()),
+    ]
+}
+
+/// A single enqueue wakes workers and log readers after its commit, once
+/// each (the insert's triggers sent nothing, the ledger's next statement
+/// did), and the statement's switch does not outlive it: a later
+/// transaction on the same session, or a switch set for the whole
+/// database, leaves every other write's triggers notifying.
+#[tokio::test]
+async fn a_single_enqueue_wakes_after_its_commit_once() {
+    let db = fresh().await;
+    // One connection: every write below runs on the same session.
+    let one = Ledger::connect(&db.url, 1)
+        .await
+        .unwrap()
+        .remember_context_for(Duration::from_secs(3600));
+    let mut listener = listening(&db).await;
+    for n in 0..3 {
+        enqueue(&one, None, n).await;
+        assert_eq!(
+            notes_until_sentinel(&db, &mut listener).await,
+            both("q"),
+            "enqueue {n}"
+        );
+    }
+    one.enqueue_many_as(vec![new_job("other", None, json!({}))], "api")
+        .await
+        .unwrap();
+    assert_eq!(notes_until_sentinel(&db, &mut listener).await, both("other"));
+    // Set for every session of the database: no statement's own time.
+    sqlx::query(&format!(
+        "ALTER DATABASE \"{}\" SET jobledger.wake_after_commit = 'on'",
+        db.name
+    ))
+    .execute(db.ledger.pool())
+    .await
+    .unwrap();
+    let late = Ledger::connect(&db.url, 1).await.unwrap();
+    late.enqueue_many_as(vec![new_job("third", None, json!({}))], "api")
+        .await
+        .unwrap();
+    assert_eq!(notes_until_sentinel(&db, &mut listener).await, both("third"));
+    db.assert_verified().await;
+}
+
+/// A caller that stops waiting once the insert has committed (an HTTP
+/// client gone) does not stop the wake-up.
+#[tokio::test]
+async fn a_caller_gone_after_the_commit_still_wakes() {
+    use jobledger::ledger::LedgerHooks;
+    use std::sync::Arc;
+    use tokio::sync::{mpsc, Mutex};
+    let db = fresh().await;
+    let (reached, mut at_gate) = mpsc::channel::<()>(1);
+    let (open, gate) = mpsc::channel::<()>(1);
+    let gate = Arc::new(Mutex::new(gate));
+    let hooked = remembering(&db).with_hooks(LedgerHooks {
+        after_epochs: None,
+        before_wake: Some(Arc::new(move || {
+            let (reached, gate) = (reached.clone(), gate.clone());
+            Box::pin(async move {
+                reached.send(()).await.unwrap();
+                gate.lock().await.recv().await;
+            })
+        })),
+    });
+    let primer = hooked.clone();
+    let priming = tokio::spawn(async move { enqueue(&primer, None, 0).await });
+    // The first enqueue read afresh: its triggers notified, no hook ran.
+    let first = common::within("the primer", priming).await.unwrap();
+    let mut listener = listening(&db).await;
+    let caller = {
+        let hooked = hooked.clone();
+        tokio::spawn(async move { enqueue(&hooked, None, 1).await })
+    };
+    common::within("the insert's commit", at_gate.recv())
+        .await
+        .unwrap();
+    caller.abort();
+    assert!(caller.await.unwrap_err().is_cancelled());
+    let committed: i64 = sqlx::query_scalar("SELECT count(*) FROM jobledger.jobs WHERE epoch = $1")
+        .bind(first.epoch + 1)
+        .fetch_one(db.ledger.pool())
+        .await
+        .unwrap();
+    assert_eq!(committed, 1, "committed before the caller left");
+    open.send(()).await.unwrap();
+    let note = common::within("the wake-up", listener.recv()).await.unwrap();
+    assert!(["jobledger_events", "jobledger_queued"].contains(&note.channel()));
     db.assert_verified().await;
 }

@@ -38,6 +38,7 @@ async fn a_reused_key_never_gets_a_lower_epoch() {
                     }
                 })
             })),
+            before_wake: None,
         });
         let t1 = tokio::spawn(async move { hooked.enqueue(new_job("q", Some("K"), json!({"n": 2}))).await });
         within("the gate", at_gate.recv()).await.unwrap(); // T1 holds its epoch, not yet inserted
@@ -117,6 +118,7 @@ async fn a_reused_key_never_gets_a_lower_epoch_under_repeatable_read() {
                 }
             })
         })),
+        before_wake: None,
     });
     let h = hooked.clone();
     let t1 = tokio::spawn(async move {

@@ -33,7 +33,8 @@ use std::time::{Duration, Instant};
 
 use crate::store::jobs::ContextCheck;
 
-/// Epochs a read draws beyond what its enqueue needs.
+/// Epochs a read draws beyond what its enqueue needs (a block of 64 with
+/// a single enqueue's own).
 pub(super) const BLOCK: usize = 63;
 /// How long a clock reading is extrapolated before an enqueue reads again.
 const FRESH_FOR: Duration = Duration::from_millis(500);
@@ -45,7 +46,7 @@ const MAX_POLICIES: usize = 1_024;
 
 /// What one ledger (and its clones) remembers.
 #[derive(Clone, Default)]
-pub(crate) struct ContextCache(Arc<Mutex<Option<Remembered>>>);
+pub(crate) struct ContextCache(Arc<Mutex<Option<Remembered>>>, Option<Duration>);
 
 impl std::fmt::Debug for ContextCache {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -72,13 +73,30 @@ pub(super) struct Taken {
 }
 
 impl ContextCache {
+    /// The same memory, with its readings used for `d` instead of
+    /// `FRESH_FOR` (tests: the remembered path taken however slow the
+    /// machine; the insert's check still bounds the time).
+    pub(super) fn fresh_for_testing(&self, d: Duration) -> Self {
+        ContextCache(self.0.clone(), Some(d))
+    }
+
+    fn fresh_for(&self) -> Duration {
+        self.1.unwrap_or(FRESH_FOR)
+    }
+
     /// `n` epochs, the time and the policies of `pairs`, when all are
     /// remembered and the clock reading is fresh enough.
     pub(super) fn take(&self, n: usize, pairs: &[(String, String)]) -> Option<Taken> {
         let mut guard = self.0.lock().expect("context lock");
         let r = guard.as_mut()?;
         let elapsed = r.read_at.elapsed();
-        if elapsed > FRESH_FOR || r.epochs.len() < n || !pairs.iter().all(|p| r.policies.contains_key(p)) {
+        if elapsed > self.fresh_for() {
+            // Epochs go with the reading: an old block would hand out
+            // epochs below lifecycles purged since, each refused (JL002).
+            *guard = None;
+            return None;
+        }
+        if r.epochs.len() < n || !pairs.iter().all(|p| r.policies.contains_key(p)) {
             return None;
         }
         // Microseconds, as the database keeps time: the hash covers the
@@ -119,6 +137,12 @@ impl ContextCache {
         registered: &[(String, String, Value)],
     ) {
         let mut guard = self.0.lock().expect("context lock");
+        if guard
+            .as_ref()
+            .is_some_and(|r| r.read_at.elapsed() > self.fresh_for())
+        {
+            *guard = None;
+        }
         let r = guard.get_or_insert_with(|| Remembered {
             epochs: VecDeque::new(),
             db_now,

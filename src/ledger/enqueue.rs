@@ -33,6 +33,22 @@ impl Ledger {
     /// in the `enqueued` event.
     pub async fn enqueue_as(&self, new: NewJob, actor: &str) -> LedgerResult<Enqueued> {
         self.limits.name("actor", actor)?;
+        // On a task of its own: a caller that stops waiting (an HTTP client
+        // gone, a timeout) cannot stop it between the insert's commit and
+        // the wake-up sent after it (ledger::context). The span goes along:
+        // the job joins its trace.
+        use tracing::Instrument;
+        let (ledger, actor) = (self.clone(), actor.to_string());
+        let task = tokio::spawn(async move { ledger.enqueue_single(new, &actor).await }.in_current_span());
+        match task.await {
+            Ok(done) => done,
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            // Only when the runtime shuts down under it.
+            Err(_) => Err(sqlx::Error::PoolClosed.into()),
+        }
+    }
+
+    async fn enqueue_single(&self, new: NewJob, actor: &str) -> LedgerResult<Enqueued> {
         // No explicit transaction: the epoch/clock read needs none, and the
         // job and its first event are written by one (atomic) statement.
         // Two round trips instead of four.
@@ -141,7 +157,7 @@ impl Ledger {
                 ));
             }
         }
-        let done = insert_drafts(conn, items, self.hooks.after_epochs.as_ref(), actor, cache).await;
+        let done = insert_drafts(conn, items, Some(&self.hooks), actor, cache).await;
         if done.is_err() {
             // Whatever failed (a key's floor above a remembered epoch, say),
             // the retry reads afresh.
@@ -154,8 +170,6 @@ impl Ledger {
 /// The actor of a schedule's firings (the only one that may use slot keys).
 pub(crate) const SCHEDULER: &str = "scheduler";
 
-type AfterEpochs = std::sync::Arc<dyn Fn() -> crate::worker::BoxFuture<()> + Send + Sync>;
-
 /// Decides and inserts new jobs (already checked against the limits): the
 /// enqueue proper, also used for a workflow's fan-in, which the ledger
 /// creates itself in the transaction of the last step's end.
@@ -163,7 +177,7 @@ type AfterEpochs = std::sync::Arc<dyn Fn() -> crate::worker::BoxFuture<()> + Sen
 pub(crate) async fn insert_drafts(
     conn: &mut PgConnection,
     items: Vec<(NewJob, Option<(Uuid, WorkflowTie)>)>,
-    after_epochs: Option<&AfterEpochs>,
+    hooks: Option<&super::LedgerHooks>,
     actor: &str,
     cache: Option<&ContextCache>,
 ) -> LedgerResult<Vec<Enqueued>> {
@@ -183,7 +197,7 @@ pub(crate) async fn insert_drafts(
         registered,
         check,
     } = context(conn, news.len(), &pairs, cache).await?;
-    if let Some(h) = after_epochs {
+    if let Some(h) = hooks.and_then(|h| h.after_epochs.as_ref()) {
         h().await;
     }
     let drafts = decide_drafts(&news, epochs, &ties, registered, now, actor)?;
@@ -196,6 +210,9 @@ pub(crate) async fn insert_drafts(
         None => jobs::insert_new_jobs(conn, rows, evs).await?,
         Some(check) => match jobs::insert_new_jobs_checked(conn, rows, evs, check).await? {
             Some(done) => {
+                if let Some(h) = hooks.and_then(|h| h.before_wake.as_ref()) {
+                    h().await;
+                }
                 wake(conn, &drafts, &done).await;
                 done
             }
@@ -203,14 +220,7 @@ pub(crate) async fn insert_drafts(
             None => {
                 let cache = cache.expect("only a remembered context is checked");
                 cache.forget();
-                return Box::pin(insert_drafts(
-                    conn,
-                    items_again(news, ties),
-                    after_epochs,
-                    actor,
-                    None,
-                ))
-                .await;
+                return Box::pin(insert_drafts(conn, items_again(news, ties), hooks, actor, None)).await;
             }
         },
     };
@@ -280,16 +290,17 @@ fn decide_drafts(
 /// make a caller enqueue a job without a key twice. Workers and readers
 /// find them at their next poll.
 async fn wake(conn: &mut PgConnection, drafts: &[(crate::domain::Event, Job)], done: &[(Uuid, i64)]) {
+    if done.is_empty() {
+        return;
+    }
     let written: HashSet<Uuid> = done.iter().map(|(id, _)| *id).collect();
     let mut queues: Vec<String> = drafts
         .iter()
         .filter(|(_, j)| written.contains(&j.job_id) && j.state == crate::domain::JobState::Queued)
         .map(|(_, j)| j.queue.clone())
         .collect();
+    queues.sort();
     queues.dedup();
-    if queues.is_empty() {
-        return;
-    }
     if let Err(e) = jobs::wake(conn, &queues).await {
         tracing::warn!(error = %e, ?queues, "enqueued, but the wake-up after the commit failed");
     }

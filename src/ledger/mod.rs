@@ -57,12 +57,16 @@ pub struct Ledger {
 pub struct LedgerHooks {
     /// Runs after an enqueue drew its epochs, before it inserts the jobs.
     pub after_epochs: Option<std::sync::Arc<dyn Fn() -> crate::worker::BoxFuture<()> + Send + Sync>>,
+    /// Runs after a single enqueue's insert committed, before the wake-up
+    /// it sends after the commit (ledger::context).
+    pub before_wake: Option<std::sync::Arc<dyn Fn() -> crate::worker::BoxFuture<()> + Send + Sync>>,
 }
 
 impl std::fmt::Debug for LedgerHooks {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LedgerHooks")
             .field("after_epochs", &self.after_epochs.is_some())
+            .field("before_wake", &self.before_wake.is_some())
             .finish()
     }
 }
@@ -123,6 +127,14 @@ impl Ledger {
     #[doc(hidden)]
     pub fn shift_remembered_clock(&self, by: chrono::TimeDelta) {
         self.context.shift(by);
+    }
+
+    /// For tests: remembered enqueue contexts are used for `d` (instead of
+    /// 500 ms), so a test takes the remembered path however slow it runs.
+    #[doc(hidden)]
+    pub fn remember_context_for(mut self, d: Duration) -> Self {
+        self.context = self.context.fresh_for_testing(d);
+        self
     }
 
     pub fn limits(&self) -> &Limits {

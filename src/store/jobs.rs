@@ -46,8 +46,10 @@ pub struct ContextCheck {
 }
 
 /// `insert_new_jobs` for a remembered context: writes nothing and answers
-/// None unless, at the statement's start, `now` is not ahead of the
-/// database clock nor more than `within_ms` behind it, and every policy
+/// None unless, when the statement checks (before it inserts; a lock it
+/// then waits for can make the insert later, as with a context read
+/// afresh), `now` is not ahead of the database clock nor more than
+/// `within_ms` behind it, and every policy
 /// the jobs were given is still the one registered. Outside a transaction
 /// only: it leaves the wake-ups to the caller, after the commit (`wake`;
 /// migration 20261207000001).
@@ -61,7 +63,7 @@ pub async fn insert_new_jobs_checked(
     // The check's CTE is evaluated once; the insert takes no row when it
     // fails, and the answer then carries one row of NULLs.
     let ok = format!(
-        "ok AS (SELECT set_config('jobledger.wake_after_commit', 'on', true) = 'on' \
+        "ok AS (SELECT set_config('jobledger.wake_after_commit', statement_timestamp()::text, true) IS NOT NULL \
                   AND ${a}::timestamptz <= clock_timestamp() \
                   AND clock_timestamp() - ${a} <= make_interval(secs => ${b}::float8 / 1000) \
                   AND NOT EXISTS (SELECT 1 FROM jsonb_array_elements(${c}::jsonb) g \
@@ -93,14 +95,15 @@ pub async fn insert_new_jobs_checked(
     ))
 }
 
-/// The wake-ups `insert_new_jobs_checked` left out, sent after its
-/// commit, in a transaction of their own that holds PostgreSQL's notify
+/// The wake-ups `insert_new_jobs_checked` left out (log readers, and idle
+/// workers of `queues`, those with a queued job among the written), sent
+/// after its commit, in a transaction of their own that holds PostgreSQL's notify
 /// lock only briefly: its commit does not wait for a flush (it wrote
 /// nothing that needs one).
 pub async fn wake<'e>(exec: impl PgExecutor<'e>, queues: &[String]) -> StoreResult<()> {
     sqlx::query(
         "SELECT set_config('synchronous_commit', 'off', true), pg_notify('jobledger_events', ''), \
-                pg_notify('jobledger_queued', q) FROM unnest($1::text[]) q",
+                (SELECT count(pg_notify('jobledger_queued', q)) FROM unnest($1::text[]) q)",
     )
     .bind(queues)
     .execute(exec)
