@@ -1,5 +1,6 @@
-//! An enqueue's context, remembered between enqueues: one round trip per
-//! enqueue instead of two.
+//! An enqueue's context, remembered between enqueues: one statement before
+//! the commit instead of two (the wake-up follows the commit, migration
+//! 20261207000001).
 //!
 //! The `enqueued` event's hash covers its epoch, its time and its policy,
 //! so the client must know all three before the insert. Reading them costs
@@ -21,8 +22,8 @@
 //! behind it, and that each policy is still the registered one
 //! (`store::jobs::insert_new_jobs_checked`). When either fails it writes
 //! nothing, the ledger forgets what it remembered and the enqueue reads
-//! afresh. So a remembered context is never staler than the database
-//! allows, and a policy registered before an enqueue starts always applies
+//! afresh. So a remembered time or policy is never staler than the
+//! database allows (epochs are forgotten with a stale reading), and a policy registered before an enqueue starts always applies
 //! to it (a fresh read races a concurrent registration the same way).
 
 use chrono::{DateTime, TimeDelta, Utc};
