@@ -23,8 +23,9 @@
 //! (`store::jobs::insert_new_jobs_checked`). When either fails it writes
 //! nothing, the ledger forgets what it remembered and the enqueue reads
 //! afresh. So a remembered time or policy is never staler than the
-//! database allows (epochs are forgotten with a stale reading), and a policy registered before an enqueue starts always applies
-//! to it (a fresh read races a concurrent registration the same way).
+//! database allows (epochs are forgotten with a stale reading), and a
+//! policy registered before an enqueue starts always applies to it (a
+//! fresh read races a concurrent registration the same way).
 
 use chrono::{DateTime, TimeDelta, Utc};
 use serde_json::Value;
