@@ -15,7 +15,7 @@
 -- that one statement: a later statement of the same transaction, or a value
 -- set for a role or a database, names another time, and its triggers notify
 -- as before. The ledger sends the same notifications in the next statement,
--- after the commit, from a task the caller cannot cancel
+-- after the commit, also when the caller stops waiting
 -- (ledger::context, store::jobs::wake). A
 -- process that dies between the two loses the wake-up, not the job:
 -- workers find it at their next poll, log readers at theirs. Every other

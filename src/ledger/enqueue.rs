@@ -33,19 +33,15 @@ impl Ledger {
     /// in the `enqueued` event.
     pub async fn enqueue_as(&self, new: NewJob, actor: &str) -> LedgerResult<Enqueued> {
         self.limits.name("actor", actor)?;
-        // On a task of its own: a caller that stops waiting (an HTTP client
-        // gone, a timeout) cannot stop it between the insert's commit and
-        // the wake-up sent after it (ledger::context). The span goes along:
-        // the job joins its trace.
-        use tracing::Instrument;
-        let (ledger, actor) = (self.clone(), actor.to_string());
-        let task = tokio::spawn(async move { ledger.enqueue_single(new, &actor).await }.in_current_span());
-        match task.await {
-            Ok(done) => done,
-            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
-            // Only when the runtime shuts down under it.
-            Err(_) => Err(sqlx::Error::PoolClosed.into()),
-        }
+        // A caller that stops waiting (an HTTP client gone, a timeout) drops
+        // this future, perhaps between the insert's commit and the wake-up
+        // sent after it (ledger::context): the guard then sends one from
+        // the pool. One more than needed, when nothing was written, only
+        // makes a worker look.
+        let mut guard = WakeOnDrop(Some((self.pool.clone(), new.queue.clone())));
+        let done = self.enqueue_single(new, actor).await;
+        guard.0 = None; // finished: its wake-up, if any, went out
+        done
     }
 
     async fn enqueue_single(&self, new: NewJob, actor: &str) -> LedgerResult<Enqueued> {
@@ -282,6 +278,22 @@ fn decide_drafts(
         drafts.push((ev, job));
     }
     Ok(drafts)
+}
+
+/// Sends a single enqueue's wake-up when the enqueue is dropped unfinished.
+struct WakeOnDrop(Option<(sqlx::PgPool, String)>);
+
+impl Drop for WakeOnDrop {
+    fn drop(&mut self) {
+        let (Some((pool, queue)), Ok(rt)) = (self.0.take(), tokio::runtime::Handle::try_current()) else {
+            return;
+        };
+        rt.spawn(async move {
+            if let Err(e) = jobs::wake(&pool, &[queue]).await {
+                tracing::warn!(error = %e, "the wake-up of an enqueue dropped unfinished failed");
+            }
+        });
+    }
 }
 
 /// Sends the wake-ups a checked insert left out: the queues of the jobs it
