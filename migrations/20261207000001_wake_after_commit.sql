@@ -17,6 +17,9 @@
 -- as before. The ledger sends the same notifications in the next statement,
 -- after the commit, also when the caller stops waiting
 -- (ledger::context, store::jobs::wake). A
+-- session that sets the switch itself in the statement of its own write (a
+-- DO block, a multi-statement simple query) silences that write's wake-ups,
+-- nothing else: wake-ups are hints, the polls find the jobs. A
 -- process that dies between the two loses the wake-up, not the job:
 -- workers find it at their next poll, log readers at theirs. Every other
 -- write, and every enqueue inside a caller's transaction, notifies in its

@@ -188,8 +188,13 @@ async fn a_single_enqueue_wakes_after_its_commit_once() {
         .unwrap()
         .remember_context_for(Duration::from_secs(3600));
     let mut listener = listening(&db).await;
+    let mut last: Option<i64> = None;
     for n in 0..3 {
-        enqueue(&one, None, n).await;
+        let job = enqueue(&one, None, n).await;
+        if let Some(prev) = last {
+            assert_eq!(job.epoch, prev + 1, "enqueue {n}: taken from memory");
+        }
+        last = Some(job.epoch);
         assert_eq!(
             notes_until_sentinel(&db, &mut listener).await,
             both("q"),
@@ -260,5 +265,36 @@ async fn a_caller_gone_after_the_commit_still_wakes() {
     open.send(()).await.unwrap();
     let note = common::within("the wake-up", listener.recv()).await.unwrap();
     assert!(["jobledger_events", "jobledger_queued"].contains(&note.channel()));
+    db.assert_verified().await;
+}
+
+/// Remembered epochs go with their clock reading: once it is too old to
+/// use, so are they, and the next enqueue draws a new block (an old block
+/// would hand out epochs below lifecycles purged since).
+#[tokio::test]
+async fn remembered_epochs_go_with_a_stale_reading() {
+    let db = fresh().await;
+    // Every reading is stale by the next enqueue.
+    let l = db.ledger.clone().remember_context_for(Duration::ZERO);
+    let first = enqueue(&l, None, 0).await;
+    let second = enqueue(&l, None, 1).await;
+    assert_eq!(
+        second.epoch,
+        first.epoch + 64,
+        "a new block, not the rest of the first"
+    );
+    // A fresh read for a (queue, kind) not yet remembered replaces the
+    // block of the reading before it.
+    let fresh_l = Ledger::connect(&db.url, 2)
+        .await
+        .unwrap()
+        .remember_context_for(Duration::from_secs(3600));
+    let a = enqueue(&fresh_l, None, 2).await;
+    let mut other_kind = new_job("q", None, json!({}));
+    other_kind.kind = "other".into();
+    let b = fresh_l.enqueue(other_kind).await.unwrap().job;
+    assert_eq!(b.epoch, a.epoch + 64);
+    let c = enqueue(&fresh_l, None, 3).await;
+    assert_eq!(c.epoch, b.epoch + 1, "from the newest block");
     db.assert_verified().await;
 }

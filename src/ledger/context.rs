@@ -48,7 +48,11 @@ const MAX_POLICIES: usize = 1_024;
 
 /// What one ledger (and its clones) remembers.
 #[derive(Clone, Default)]
-pub(crate) struct ContextCache(Arc<Mutex<Option<Remembered>>>, Option<Duration>);
+pub(crate) struct ContextCache(
+    Arc<Mutex<Option<Remembered>>>,
+    Option<Duration>,
+    Option<sqlx::PgPool>,
+);
 
 impl std::fmt::Debug for ContextCache {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -79,7 +83,17 @@ impl ContextCache {
     /// `FRESH_FOR` (tests: the remembered path taken however slow the
     /// machine; the insert's check still bounds the time).
     pub(super) fn fresh_for_testing(&self, d: Duration) -> Self {
-        ContextCache(self.0.clone(), Some(d))
+        ContextCache(self.0.clone(), Some(d), self.2.clone())
+    }
+
+    /// Memory for the ledger of `pool`, which sends a wake-up an enqueue
+    /// dropped after its commit could not (ledger::enqueue).
+    pub(super) fn for_pool(pool: sqlx::PgPool) -> Self {
+        ContextCache(Default::default(), None, Some(pool))
+    }
+
+    pub(super) fn pool(&self) -> Option<sqlx::PgPool> {
+        self.2.clone()
     }
 
     fn fresh_for(&self) -> Duration {
@@ -151,13 +165,13 @@ impl ContextCache {
             read_at,
             policies: HashMap::new(),
         });
+        // The epochs go with the newest reading only: a block drawn with
+        // an older one would outlive it (and be handed out below
+        // lifecycles purged since, each refused: JL002). Those dropped are
+        // gaps.
         if read_at >= r.read_at {
             (r.db_now, r.read_at) = (db_now, read_at);
-        }
-        // Concurrent reads each bring a block; keep a bounded number.
-        r.epochs.extend(epochs);
-        while r.epochs.len() > 4 * BLOCK {
-            r.epochs.pop_front();
+            r.epochs = epochs.into();
         }
         if r.policies.len() + pairs.len() > MAX_POLICIES {
             r.policies.clear();

@@ -33,15 +33,7 @@ impl Ledger {
     /// in the `enqueued` event.
     pub async fn enqueue_as(&self, new: NewJob, actor: &str) -> LedgerResult<Enqueued> {
         self.limits.name("actor", actor)?;
-        // A caller that stops waiting (an HTTP client gone, a timeout) drops
-        // this future, perhaps between the insert's commit and the wake-up
-        // sent after it (ledger::context): the guard then sends one from
-        // the pool. One more than needed, when nothing was written, only
-        // makes a worker look.
-        let mut guard = WakeOnDrop(Some((self.pool.clone(), new.queue.clone())));
-        let done = self.enqueue_single(new, actor).await;
-        guard.0 = None; // finished: its wake-up, if any, went out
-        done
+        self.enqueue_single(new, actor).await
     }
 
     async fn enqueue_single(&self, new: NewJob, actor: &str) -> LedgerResult<Enqueued> {
@@ -204,21 +196,27 @@ pub(crate) async fn insert_drafts(
         .collect();
     let inserted = match &check {
         None => jobs::insert_new_jobs(conn, rows, evs).await?,
-        Some(check) => match jobs::insert_new_jobs_checked(conn, rows, evs, check).await? {
-            Some(done) => {
-                if let Some(h) = hooks.and_then(|h| h.before_wake.as_ref()) {
-                    h().await;
-                }
-                wake(conn, &drafts, &done).await;
-                done
-            }
-            // Refused, nothing written: read afresh and decide again.
-            None => {
-                let cache = cache.expect("only a remembered context is checked");
-                cache.forget();
+        Some(check) => {
+            // From the moment the insert is sent until its wake-up is out: a
+            // caller that stops waiting (drops this future) may do so after
+            // the commit, and the guard then sends the wake-up from the pool.
+            // One too many, when nothing was written, only makes a worker look.
+            let queues = drafts.iter().map(|(_, j)| j.queue.clone()).collect();
+            let mut guard = WakeOnDrop(cache.and_then(|c| c.pool()).map(|p| (p, queues)));
+            let answer = jobs::insert_new_jobs_checked(conn, rows, evs, check).await?;
+            let Some(done) = answer else {
+                guard.0 = None;
+                // Refused, nothing written: read afresh and decide again.
+                cache.expect("only a remembered context is checked").forget();
                 return Box::pin(insert_drafts(conn, items_again(news, ties), hooks, actor, None)).await;
+            };
+            if let Some(h) = hooks.and_then(|h| h.before_wake.as_ref()) {
+                h().await;
             }
-        },
+            wake(conn, &drafts, &done).await;
+            guard.0 = None;
+            done
+        }
     };
     let inserted: HashMap<Uuid, i64> = inserted.into_iter().collect();
     let mut out = Vec::with_capacity(drafts.len());
@@ -280,16 +278,17 @@ fn decide_drafts(
     Ok(drafts)
 }
 
-/// Sends a single enqueue's wake-up when the enqueue is dropped unfinished.
-struct WakeOnDrop(Option<(sqlx::PgPool, String)>);
+/// Sends a single enqueue's wake-up when the enqueue is dropped (or fails)
+/// between sending its insert and sending its wake-up.
+struct WakeOnDrop(Option<(sqlx::PgPool, Vec<String>)>);
 
 impl Drop for WakeOnDrop {
     fn drop(&mut self) {
-        let (Some((pool, queue)), Ok(rt)) = (self.0.take(), tokio::runtime::Handle::try_current()) else {
+        let (Some((pool, queues)), Ok(rt)) = (self.0.take(), tokio::runtime::Handle::try_current()) else {
             return;
         };
         rt.spawn(async move {
-            if let Err(e) = jobs::wake(&pool, &[queue]).await {
+            if let Err(e) = jobs::wake(&pool, &queues).await {
                 tracing::warn!(error = %e, "the wake-up of an enqueue dropped unfinished failed");
             }
         });

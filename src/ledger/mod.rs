@@ -74,11 +74,11 @@ impl std::fmt::Debug for LedgerHooks {
 impl Ledger {
     pub fn new(pool: PgPool) -> Self {
         Ledger {
+            context: context::ContextCache::for_pool(pool.clone()),
             pool,
             limits: Limits::default(),
             hooks: LedgerHooks::default(),
             key_cursors: Default::default(),
-            context: Default::default(),
         }
     }
 
