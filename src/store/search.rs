@@ -6,9 +6,11 @@
 //! created_at, job_id) without one), each stopping after `limit` rows,
 //! merged; other filters are checked on those rows. Leased and
 //! cancel-requested jobs are only in `jobs_search_leased` (state,
-//! created_at, job_id), walked the same way with the filters checked on the
-//! way (a claim enters one search index, not four). A key names at most one
-//! job per queue and is looked up by the unique index instead.
+//! created_at, job_id), and queued jobs only in `jobs_search_queued`
+//! (created_at, job_id), walked the same way with the filters checked on
+//! the way (a claim and an enqueue enter one search index, not four). A key
+//! names at most one job per queue and is looked up by the unique index
+//! instead.
 
 use chrono::{DateTime, Utc};
 use sqlx::PgExecutor;
@@ -39,7 +41,9 @@ pub type After = (DateTime<Utc>, Uuid);
 /// asks), and every equality filter has an index led by it and the state:
 /// queue, kind and reason (migrations 20261202000004 and ...06), except for
 /// leased and cancel-requested jobs, which only `jobs_search_leased` holds
-/// (state first; the filters are checked on its rows; ...20261206000002).
+/// (state first; the filters are checked on its rows; ...20261206000002),
+/// and queued jobs, which only `jobs_search_queued` holds (or `jobs_due`
+/// for a queue's, sorted; ...20261208000001).
 /// One branch per state with the state written out, so the planner can
 /// use an index that covers only some states (the claim's, the terminal one).
 fn search_sql(f: &JobFilter) -> String {

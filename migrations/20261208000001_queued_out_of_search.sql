@@ -1,0 +1,37 @@
+-- Queued jobs leave the four search indexes (issue 15, W1 and W2).
+--
+-- An enqueue wrote a queued job into seven indexes: its key, the claim's
+-- jobs_due and the four ordered search indexes (queue, state, kind,
+-- reason; migrations 20261202000004 and ...06). The four are led by text
+-- columns and cost more to enter than the rest of the row: inserting 1,000
+-- queued rows took 53-67 ms with them and 30-32 ms with one ordered index
+-- in their place (pgbench, triggers off, docs/benchmarks.md).
+--
+-- Queued jobs now have one search index of their own, jobs_search_queued,
+-- in search order, as leased jobs have since 20261206000002. A search's
+-- queued branch walks it newest first and checks queue, kind and reason on
+-- the rows it meets (store::search), or reads a queue's due jobs from
+-- jobs_due and sorts them, whichever the planner costs lower. The price: a
+-- search for queued jobs that match few of a large backlog reads through
+-- the backlog (measured in docs/benchmarks.md). Jobs in every other state
+-- keep their four indexes; a job leaves jobs_search_queued at its claim and
+-- enters the four when it finishes, as it did.
+--
+-- Lock order as in 20261206000002: jobs only; the indexes are rebuilt under
+-- the table's lock (minutes on tens of millions of jobs).
+LOCK TABLE jobledger.jobs IN ACCESS EXCLUSIVE MODE;
+
+DROP INDEX jobledger.jobs_search_queue;
+DROP INDEX jobledger.jobs_search_state;
+DROP INDEX jobledger.jobs_search_kind;
+DROP INDEX jobledger.jobs_search_reason;
+CREATE INDEX jobs_search_queue ON jobledger.jobs (queue, state, created_at DESC, job_id DESC)
+    WHERE state NOT IN ('queued', 'leased', 'cancel_requested');
+CREATE INDEX jobs_search_state ON jobledger.jobs (state, created_at DESC, job_id DESC)
+    WHERE state NOT IN ('queued', 'leased', 'cancel_requested');
+CREATE INDEX jobs_search_kind ON jobledger.jobs (kind, state, created_at DESC, job_id DESC)
+    WHERE state NOT IN ('queued', 'leased', 'cancel_requested');
+CREATE INDEX jobs_search_reason ON jobledger.jobs (reason, state, created_at DESC, job_id DESC)
+    WHERE state NOT IN ('queued', 'leased', 'cancel_requested');
+CREATE INDEX jobs_search_queued ON jobledger.jobs (created_at DESC, job_id DESC)
+    WHERE state = 'queued';
