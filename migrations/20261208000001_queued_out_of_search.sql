@@ -1,7 +1,7 @@
 -- Queued jobs leave the four search indexes (issue 15, W1 and W2).
 --
--- An enqueue wrote a queued job into seven indexes: its key, the claim's
--- jobs_due and the four ordered search indexes (queue, state, kind,
+-- An enqueue wrote a queued job into six indexes: the primary key, the
+-- claim's jobs_due and the four ordered search indexes (queue, state, kind,
 -- reason; migrations 20261202000004 and ...06). The four are led by text
 -- columns and cost more to enter than the rest of the row: inserting 1,000
 -- queued rows took 53-67 ms with them and 30-32 ms with one ordered index
@@ -12,13 +12,16 @@
 -- queued branch walks it newest first and checks queue, kind and reason on
 -- the rows it meets (store::search), or reads a queue's due jobs from
 -- jobs_due and sorts them, whichever the planner costs lower. The price: a
--- search for queued jobs that match few of a large backlog reads through
--- the backlog (measured in docs/benchmarks.md). Jobs in every other state
+-- search whose filter matches few of a large queued backlog reads through
+-- the backlog, also when it names no state (every state is searched then);
+-- a reason no queued job can carry skips them (Reason::may_be_queued).
+-- Measured in docs/benchmarks.md. Jobs in every other state
 -- keep their four indexes; a job leaves jobs_search_queued at its claim and
 -- enters the four when it finishes, as it did.
 --
--- Lock order as in 20261206000002: jobs only; the indexes are rebuilt under
--- the table's lock (minutes on tens of millions of jobs).
+-- Only the jobs table is locked (the write path locks jobs before events,
+-- so this cannot deadlock with a writer); enqueues and claims wait while
+-- the five indexes are built (minutes on tens of millions of jobs).
 LOCK TABLE jobledger.jobs IN ACCESS EXCLUSIVE MODE;
 
 DROP INDEX jobledger.jobs_search_queue;

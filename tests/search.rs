@@ -328,6 +328,13 @@ async fn searches_use_the_indexes_not_a_sequential_scan() {
         assert_eq!(truth.len(), 50, "{s:?}");
         assert_eq!(ids(&db.ledger.search(&s).await.unwrap()), truth, "{s:?}");
     }
+    // A reason no queued job can carry leaves the queued jobs unread.
+    let dead_only = Search {
+        reason: Some("attempts_exhausted".into()),
+        ..Search::default()
+    };
+    let plan = db.ledger.explain_search(&dead_only).await.unwrap();
+    assert!(!plan.contains("'queued'"), "{plan}");
     let cases = [
         Search::default(),
         Search {

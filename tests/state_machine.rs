@@ -308,6 +308,8 @@ proptest! {
                     }
                     purged = matches!(ev.body, EventBody::Purged {});
                     job = apply(Some(&job), &ev).expect("apply accepts what decide produced");
+                    // Job search skips queued jobs for any other reason.
+                    prop_assert!(job.state != JobState::Queued || job.reason.may_be_queued(), "{:?}", job.reason);
                     events.push(ev);
                 }
                 Err(r) => {

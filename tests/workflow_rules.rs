@@ -95,6 +95,13 @@ impl World {
         };
         let before = self.steps[i].state;
         self.steps[i] = apply(Some(&self.steps[i]), &ev).expect("decide's event applies");
+        // Job search skips queued jobs for any other reason.
+        let s = &self.steps[i];
+        assert!(
+            s.state != JobState::Queued || s.reason.may_be_queued(),
+            "{:?}",
+            s.reason
+        );
         let after = self.steps[i].state;
         let released = matches!(
             ev.body,
@@ -172,6 +179,12 @@ impl World {
         let ctx = self.ctx();
         let ev = decide(&self.parent, &cmd, &ctx).expect("the parent counts every step's end");
         self.parent = apply(Some(&self.parent), &ev).expect("the parent's event applies");
+        let p = &self.parent;
+        assert!(
+            p.state != JobState::Queued || p.reason.may_be_queued(),
+            "{:?}",
+            p.reason
+        );
         self.parent_events.push(ev);
         let states: Vec<JobState> = self.steps.iter().map(|j| j.state).collect();
         assert_eq!(self.parent.state, table(&states), "rule table over {states:?}");

@@ -46,3 +46,31 @@ wire_enum!(
         ResolvedByOperator => "resolved_by_operator",
     }
 );
+
+impl Reason {
+    /// Whether a queued job can carry this reason (the reason of its last
+    /// event). A superset: every transition into `queued`, and the events
+    /// that keep a job's state. Job search leaves the queued jobs out of a
+    /// search by any other reason without reading them (a queued job is
+    /// found only by walking the queued jobs; issue 15). The property tests
+    /// check it after every event they apply.
+    pub fn may_be_queued(self) -> bool {
+        matches!(
+            self,
+            Reason::New
+                | Reason::RetryScheduled
+                | Reason::ReceiptFailed
+                | Reason::ReceiptTimeoutReconcile
+                | Reason::LeaseExpiredRequeued
+                | Reason::ReleasedUnstarted
+                | Reason::Snoozed
+                | Reason::ReplayedByOperator
+                | Reason::ResolvedByOperator
+                | Reason::DependenciesMet
+                | Reason::DependencyFailedRun
+                | Reason::HoldReleased
+                | Reason::Observation
+                | Reason::Purged
+        )
+    }
+}

@@ -70,8 +70,14 @@ impl Search {
             s.dedup();
             s
         };
+        let mut states = states;
         if let Some(r) = &self.reason {
-            Reason::parse(r).ok_or_else(|| bad(format!("no reason code {r:?}")))?;
+            let reason = Reason::parse(r).ok_or_else(|| bad(format!("no reason code {r:?}")))?;
+            // Queued jobs have a search index without the reason: a reason
+            // no queued job can carry would read all of them to find none.
+            if !reason.may_be_queued() {
+                states.retain(|s| s != JobState::Queued.as_str());
+            }
         }
         if let (Some(a), Some(b)) = (self.since, self.until) {
             if a >= b {
