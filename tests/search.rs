@@ -401,3 +401,22 @@ async fn an_enqueued_job_enters_three_indexes() {
     entered.sort();
     assert_eq!(entered, ["jobs_due", "jobs_pkey", "jobs_search_queued"]);
 }
+
+/// The jobs table's indexes are ascending: keys arrive in ascending order
+/// (enqueue time, UUIDv7 ids), and a descending index takes each at the left
+/// end of its range, where full pages split in half (the search indexes were
+/// 1.8 times their ascending size; migration 20261208000001). Searches walk
+/// them backwards for the newest first.
+#[tokio::test]
+async fn the_jobs_indexes_are_ascending() {
+    let db = fresh().await;
+    let descending: Vec<String> = sqlx::query_scalar(
+        "SELECT c.relname::text FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid \
+         WHERE i.indrelid = 'jobledger.jobs'::regclass \
+           AND EXISTS (SELECT 1 FROM unnest(i.indoption::int2[]) o WHERE o & 1 = 1) ORDER BY 1",
+    )
+    .fetch_all(db.ledger.pool())
+    .await
+    .unwrap();
+    assert!(descending.is_empty(), "descending: {descending:?}");
+}
