@@ -125,9 +125,14 @@ async function gwW3(n, tuned) {
   expect("graphile-worker", "W3 jobs enqueued", await scalar(url, GW_COUNT), n);
   let handled = 0;
   const worker = { localQueue: { size: 500 }, completeJobBatchDelay: 0 };
+  // Our own pool, ended before the drop: the runner's stop() left its pool's
+  // idle connections open, and the drop's FORCE then killed them, which the
+  // pool raised as an unhandled error and the script died (twice in a row).
+  const pgPool = new pg.Pool({ connectionString: url, max: 10 }); // graphile-worker's default maxPoolSize
+  pgPool.on("error", () => {});
   const t0 = performance.now();
   const runner = await run({
-    connectionString: url,
+    pgPool,
     concurrency: HANDLERS,
     noHandleSignals: true,
     pollInterval: 100,
@@ -139,6 +144,7 @@ async function gwW3(n, tuned) {
   await until(url, GW_COUNT, 0);
   const s = (performance.now() - t0) / 1000;
   await runner.stop();
+  await pgPool.end();
   expect("graphile-worker", "W3 handler runs", handled, n);
   report("graphile-worker", tuned ? "W3 drain, 16 handlers, localQueue 500, batched completions" : "W3 drain, 16 handlers, defaults", n, s);
   await dropDb(db);
