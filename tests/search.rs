@@ -44,6 +44,16 @@ async fn some_jobs(db: &TestDb) -> Vec<Uuid> {
     ids
 }
 
+/// A search of `states`, with what `f` sets besides.
+fn in_states(states: &[&str], f: fn(&mut Search)) -> Search {
+    let mut s = Search {
+        states: states.iter().map(|s| s.to_string()).collect(),
+        ..Search::default()
+    };
+    f(&mut s);
+    s
+}
+
 fn ids(page: &jobledger::ledger::search::Page) -> Vec<Uuid> {
     page.jobs.iter().map(|j| j.job_id).collect()
 }
@@ -258,14 +268,7 @@ async fn searches_use_the_indexes_not_a_sequential_scan() {
         .execute(db.ledger.pool())
         .await
         .unwrap();
-    let leases = |f: fn(&mut Search)| {
-        let mut s = Search {
-            states: vec!["leased".into(), "cancel_requested".into()],
-            ..Search::default()
-        };
-        f(&mut s);
-        s
-    };
+    let leases = |f: fn(&mut Search)| in_states(&["leased", "cancel_requested"], f);
     for s in [
         leases(|_| {}),
         leases(|s| s.queue = Some("q1".into())),
@@ -293,15 +296,8 @@ async fn searches_use_the_indexes_not_a_sequential_scan() {
     // Queued jobs are only in `jobs_search_queued` (issue 15: an enqueue
     // enters one search index, not four); each filtered search still pages
     // them newest first, exactly as the table holds them.
-    let queued = |f: fn(&mut Search)| {
-        let mut s = Search {
-            states: vec!["queued".into()],
-            limit: Some(50),
-            ..Search::default()
-        };
-        f(&mut s);
-        s
-    };
+    // A page is 50 jobs by default, as the truth below takes.
+    let queued = |f: fn(&mut Search)| in_states(&["queued"], f);
     for s in [
         queued(|_| {}),
         queued(|s| s.queue = Some("q2".into())),

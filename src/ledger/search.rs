@@ -59,7 +59,7 @@ fn parse_cursor(c: &str) -> LedgerResult<(DateTime<Utc>, Uuid)> {
 
 impl Search {
     fn filter(&self) -> LedgerResult<JobFilter> {
-        let states = if self.states.is_empty() {
+        let mut states: Vec<String> = if self.states.is_empty() {
             JobState::ALL.iter().map(|s| s.as_str().to_string()).collect()
         } else {
             for s in &self.states {
@@ -70,7 +70,6 @@ impl Search {
             s.dedup();
             s
         };
-        let mut states = states;
         if let Some(r) = &self.reason {
             let reason = Reason::parse(r).ok_or_else(|| bad(format!("no reason code {r:?}")))?;
             // Queued jobs have a search index without the reason: a reason
