@@ -331,6 +331,22 @@ async fn searches_use_the_indexes_not_a_sequential_scan() {
     };
     let plan = db.ledger.explain_search(&dead_only).await.unwrap();
     assert!(!plan.contains("'queued'"), "{plan}");
+    // Pruned to no state at all: a valid search with an empty answer, by
+    // filters and by key.
+    let none_left = in_states(&["queued"], |s| s.reason = Some("completed".into()));
+    assert!(db
+        .ledger
+        .explain_search(&none_left)
+        .await
+        .unwrap()
+        .contains("One-Time Filter: false"));
+    assert!(db.ledger.search(&none_left).await.unwrap().jobs.is_empty());
+    let by_key = in_states(&["queued"], |s| {
+        s.reason = Some("completed".into());
+        s.queue = Some("q1".into());
+        s.key = Some("k1".into())
+    });
+    assert!(db.ledger.search(&by_key).await.unwrap().jobs.is_empty());
     let cases = [
         Search::default(),
         Search {

@@ -51,10 +51,12 @@ impl Reason {
     /// Whether a queued job can carry this reason (the reason of its last
     /// event): every transition into `queued`, and the events that keep a
     /// job's state and may befall a queued job (a purge only befalls ended
-    /// jobs, and deletes the row). Job search leaves the queued jobs out of a
-    /// search by any other reason without reading them (a queued job is
-    /// found only by walking the queued jobs; issue 15). The property tests
-    /// check it after every event they apply.
+    /// jobs and deletes the row; an operator's verdict is succeeded or
+    /// cancelled). Job search leaves the queued jobs out of a search by any
+    /// other reason without reading them (a queued job is found only by
+    /// walking the queued jobs; issue 15). The property tests check after
+    /// every event they apply that no queued job carries a reason outside
+    /// it; an entry too many would only cost such a search its speed.
     pub fn may_be_queued(self) -> bool {
         matches!(
             self,
@@ -66,7 +68,6 @@ impl Reason {
                 | Reason::ReleasedUnstarted
                 | Reason::Snoozed
                 | Reason::ReplayedByOperator
-                | Reason::ResolvedByOperator
                 | Reason::DependenciesMet
                 | Reason::DependencyFailedRun
                 | Reason::HoldReleased
