@@ -102,3 +102,73 @@ async fn batched_heartbeats_are_fenced_one_by_one_and_answered_in_order() {
     assert_eq!(db.state_of(cancelled.job_id()).await, JobState::CancelRequested);
     db.assert_verified().await;
 }
+
+/// A batched write decides on the lease's copy of its job while the row has
+/// not moved (ledger::engine::lock_batch). That holds only if the copy a
+/// claim hands out is the row exactly: every field, through the database's
+/// round trip (JSON numbers and strings, microseconds, a retried job's last
+/// error, a key, a concurrency key, a workflow step).
+#[tokio::test]
+async fn a_lease_holds_its_job_exactly_as_the_row_holds_it() {
+    let db = fresh().await;
+    let odd = json!({ "f": 1.5, "e": 1e-7, "big": 12345678901234567890u64, "neg": -0.0,
+                      "s": "ü 😀 \"q\" \\", "n": null, "a": [1, { "b": [] }, {}] });
+    db.enqueue(Some("odd"), odd).await;
+    let mut keyed = common::new_job("q", None, json!({ "k": 1 }));
+    keyed.concurrency_key = Some("tenant-1".into());
+    keyed.priority = 3;
+    db.ledger.enqueue(keyed).await.unwrap();
+    let mut leases = db.ledger.claim("q", "a", Duration::from_secs(30), 10).await.unwrap();
+
+    // A retried job carries its last error into the next claim.
+    let retried = db.enqueue(Some("retried"), json!({})).await;
+    let first = db.claim_one("a").await;
+    let failed = first
+        .fail(jobledger::domain::ErrorClass::Transient, "flaky", Some("boom ü"))
+        .await
+        .unwrap();
+    assert!(failed.committed(), "{failed:?}");
+    db.make_due(retried.job_id).await;
+    leases.push(db.claim_one("a").await);
+
+    let created = db
+        .ledger
+        .workflow(&common::workflows::seed("wf", jobledger::domain::workflow::DependencyPolicy::Cancel))
+        .await
+        .unwrap();
+    leases.push(db.claim_one("a").await);
+
+    assert_eq!(leases.len(), 4);
+    for lease in &leases {
+        let copy = lease.job().expect("a claim's lease carries its job");
+        assert_eq!(copy, &db.job(lease.job_id()).await, "lease of {}", copy.kind);
+    }
+    let step = leases[3].job().unwrap();
+    assert!(step.workflow.is_some(), "the workflow's first step: {created:?}");
+    assert!(leases[2].job().unwrap().last_error.is_some());
+    assert!(leases.iter().any(|l| l.job().unwrap().admission.is_some()));
+}
+
+/// A lease whose job moved since the claim (its own heartbeat here) has a
+/// stale copy: the batch reads that row in full and decides on it. Decided
+/// on the copy, the event would link to the claim's hash instead of the
+/// heartbeat's, and the database would refuse the whole batch.
+#[tokio::test]
+async fn a_batch_decides_on_the_row_when_a_lease_copy_is_behind() {
+    let db = fresh().await;
+    let [moved, kept, _, _] = four_leases(&db, "m").await;
+    assert!(moved.heartbeat(Duration::from_secs(60)).await.unwrap().committed());
+    let answers = Lease::complete_many(&db.ledger, vec![(&moved, None), (&kept, None)])
+        .await
+        .unwrap();
+    assert_eq!(
+        answered(&answers),
+        vec![(moved.job_id(), Outcome::Committed), (kept.job_id(), Outcome::Committed)]
+    );
+    assert_eq!(db.job(moved.job_id()).await.version, 4, "enqueued, claimed, heartbeat, succeeded");
+    let hb = Lease::heartbeat_many(&db.ledger, &[&moved], Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert_eq!(hb[0].outcome, Outcome::InvalidTransition, "a finished job is not extended");
+    db.assert_verified().await;
+}

@@ -20,7 +20,10 @@ pub struct Lease {
     fence: Fence,
     holder: String,
     /// The job as the claim left it (absent for a handle rebuilt from ids).
-    claimed: Option<Job>,
+    /// Shared: a worker clones its lease for the in-flight map, the handler
+    /// and the committer, and a clone of the job each time was a tenth of a
+    /// drain's client time (issue 15).
+    claimed: Option<std::sync::Arc<Job>>,
     /// The claim took an expired lease over (rather than a queued job).
     taken_over: bool,
     /// The span the lease's writes descend from (W3C `traceparent`): the
@@ -49,7 +52,7 @@ impl Lease {
                 token: job.token,
             },
             holder: job.holder.clone().unwrap_or_default(),
-            claimed: Some(job),
+            claimed: Some(std::sync::Arc::new(job)),
             taken_over,
             trace: None,
         })
@@ -80,7 +83,7 @@ impl Lease {
     }
     /// The job as claimed: payload, kind, key, attempt, next action, lease end.
     pub fn job(&self) -> Option<&Job> {
-        self.claimed.as_ref()
+        self.claimed.as_deref()
     }
     /// The trace context its writes continue (see the field).
     pub fn trace(&self) -> Option<&str> {
@@ -276,6 +279,7 @@ impl Lease {
                     },
                     // Under its handler's span.
                     l.trace.clone(),
+                    l.claimed.as_deref(),
                 )
             })
             .collect();
@@ -300,6 +304,7 @@ impl Lease {
                         lease_ms: millis(lease),
                     },
                     l.trace.clone(),
+                    l.claimed.as_deref(),
                 )
             })
             .collect();

@@ -155,6 +155,23 @@ pub async fn lock_jobs(conn: &mut PgConnection, ids: &[Uuid]) -> StoreResult<Vec
     Ok(sqlx::query_as(&sql).bind(ids).fetch_all(conn).await?)
 }
 
+/// Locks the rows like `lock_jobs` but reads only each row's generation:
+/// its version and the head of its chain, with the clock. For a caller
+/// that holds copies of the jobs (a worker's leases) and reads in full only
+/// the rows that moved since (`ledger::engine::transition_many`).
+pub async fn lock_generations(
+    conn: &mut PgConnection,
+    ids: &[Uuid],
+) -> StoreResult<Vec<(Uuid, i64, String, DateTime<Utc>)>> {
+    Ok(sqlx::query_as(
+        "SELECT job_id, version, last_hash, clock_timestamp() FROM jobledger.jobs \
+         WHERE job_id = ANY($1) ORDER BY job_id FOR UPDATE",
+    )
+    .bind(ids)
+    .fetch_all(conn)
+    .await?)
+}
+
 /// Locks the rows nobody else holds, skipping the others (in id order): the
 /// purger never waits for live work, so it can never be part of a deadlock
 /// (a replay locks a step, then its parent; a purge batch may hold both).

@@ -63,7 +63,7 @@ fn from_json<T: serde::de::DeserializeOwned>(what: &str, v: Option<Value>) -> Re
         .transpose()
 }
 
-fn to_json<T: Serialize>(v: &Option<T>) -> Option<Value> {
+pub(super) fn to_json<T: Serialize>(v: &Option<T>) -> Option<Value> {
     v.as_ref()
         .map(|v| serde_json::to_value(v).expect("domain values serialise"))
 }

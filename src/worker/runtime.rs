@@ -327,7 +327,7 @@ async fn run_job(
     slots: Arc<Semaphore>,
     shutdown: CancellationToken,
 ) {
-    let job = lease.job().expect("claimed leases carry their job").clone();
+    let job = lease.job().expect("claimed leases carry their job");
     let span = tracing::info_span!("job", otel.name = "jobledger.handle", job_id = %job.job_id, epoch = job.epoch, token = job.token, queue = %job.queue, kind = %job.kind);
     // The handler continues the job's trace, under its claim.
     crate::telemetry::adopt(&span, lease.trace());
