@@ -118,7 +118,11 @@ async fn a_lease_holds_its_job_exactly_as_the_row_holds_it() {
     keyed.concurrency_key = Some("tenant-1".into());
     keyed.priority = 3;
     db.ledger.enqueue(keyed).await.unwrap();
-    let mut leases = db.ledger.claim("q", "a", Duration::from_secs(30), 10).await.unwrap();
+    let mut leases = db
+        .ledger
+        .claim("q", "a", Duration::from_secs(30), 10)
+        .await
+        .unwrap();
 
     // A retried job carries its last error into the next claim.
     let retried = db.enqueue(Some("retried"), json!({})).await;
@@ -133,7 +137,10 @@ async fn a_lease_holds_its_job_exactly_as_the_row_holds_it() {
 
     let created = db
         .ledger
-        .workflow(&common::workflows::seed("wf", jobledger::domain::workflow::DependencyPolicy::Cancel))
+        .workflow(&common::workflows::seed(
+            "wf",
+            jobledger::domain::workflow::DependencyPolicy::Cancel,
+        ))
         .await
         .unwrap();
     leases.push(db.claim_one("a").await);
@@ -157,18 +164,33 @@ async fn a_lease_holds_its_job_exactly_as_the_row_holds_it() {
 async fn a_batch_decides_on_the_row_when_a_lease_copy_is_behind() {
     let db = fresh().await;
     let [moved, kept, _, _] = four_leases(&db, "m").await;
-    assert!(moved.heartbeat(Duration::from_secs(60)).await.unwrap().committed());
+    assert!(moved
+        .heartbeat(Duration::from_secs(60))
+        .await
+        .unwrap()
+        .committed());
     let answers = Lease::complete_many(&db.ledger, vec![(&moved, None), (&kept, None)])
         .await
         .unwrap();
     assert_eq!(
         answered(&answers),
-        vec![(moved.job_id(), Outcome::Committed), (kept.job_id(), Outcome::Committed)]
+        vec![
+            (moved.job_id(), Outcome::Committed),
+            (kept.job_id(), Outcome::Committed)
+        ]
     );
-    assert_eq!(db.job(moved.job_id()).await.version, 4, "enqueued, claimed, heartbeat, succeeded");
+    assert_eq!(
+        db.job(moved.job_id()).await.version,
+        4,
+        "enqueued, claimed, heartbeat, succeeded"
+    );
     let hb = Lease::heartbeat_many(&db.ledger, &[&moved], Duration::from_secs(60))
         .await
         .unwrap();
-    assert_eq!(hb[0].outcome, Outcome::InvalidTransition, "a finished job is not extended");
+    assert_eq!(
+        hb[0].outcome,
+        Outcome::InvalidTransition,
+        "a finished job is not extended"
+    );
     db.assert_verified().await;
 }

@@ -64,7 +64,7 @@ impl Ledger {
             adm::record_rate(&mut tx, queue, granted, r.per_ms).await?;
         }
         tx.commit().await?;
-        Ok(self.leases_of(&results, spans))
+        Ok(self.leases_of(results, spans))
     }
 }
 

@@ -122,15 +122,15 @@ impl Ledger {
         }
         let (results, spans) = write_claims(&mut tx, locked, holder, lease_ms, started).await?;
         tx.commit().await?;
-        Ok(self.leases_of(&results, spans))
+        Ok(self.leases_of(results, spans))
     }
 
     /// The leases the committed claims handed out, each continuing its own
     /// claim span (which ends here, with the claim's commit).
-    pub(super) fn leases_of(&self, results: &[WriteResult], spans: Spans) -> Vec<Lease> {
+    pub(super) fn leases_of(&self, results: Vec<WriteResult>, spans: Spans) -> Vec<Lease> {
         let leases = results
-            .iter()
-            .filter_map(|r| Lease::from_claim(self, r))
+            .into_iter()
+            .filter_map(|r| Lease::from_claim_owned(self, r))
             .map(|l| {
                 let trace = spans.trace(l.job_id());
                 l.under(trace)
