@@ -194,3 +194,75 @@ async fn a_batch_decides_on_the_row_when_a_lease_copy_is_behind() {
     );
     db.assert_verified().await;
 }
+
+/// A row whose fenced columns were changed around the log (its token here,
+/// version and chain head as they were) is refused on its own; the others
+/// in the batch still commit. Review of issue 15: decided on the lease's
+/// copy, the fenced update missed that row and the whole batch failed, and
+/// a worker's heartbeat batches kept failing for every lease it held.
+#[tokio::test]
+async fn a_row_changed_around_the_log_is_refused_alone() {
+    let db = fresh().await;
+    let [a, forged, b, _] = four_leases(&db, "f").await;
+    db.around_the_log(
+        "UPDATE jobledger.jobs SET token = token + 7 WHERE job_id = $1",
+        forged.job_id(),
+    )
+    .await;
+    let hb = Lease::heartbeat_many(&db.ledger, &[&a, &forged, &b], Duration::from_secs(60))
+        .await
+        .expect("one forged row does not fail the batch");
+    assert_eq!(
+        answered(&hb),
+        vec![
+            (a.job_id(), Outcome::Committed),
+            (forged.job_id(), Outcome::Stale),
+            (b.job_id(), Outcome::Committed)
+        ]
+    );
+    let done = Lease::complete_many(&db.ledger, vec![(&a, None), (&forged, None), (&b, None)])
+        .await
+        .expect("one forged row does not fail the batch");
+    assert_eq!(
+        answered(&done),
+        vec![
+            (a.job_id(), Outcome::Committed),
+            (forged.job_id(), Outcome::Stale),
+            (b.job_id(), Outcome::Committed)
+        ]
+    );
+}
+
+/// A JSON null result is no result: the job's row and its replay agree.
+/// Review of issue 15 (older than it): the row kept `null` while the
+/// `succeeded` event read back as no result, and `verify` refused the job.
+/// A subprocess handler that prints `null` completes this way.
+#[tokio::test]
+async fn a_null_result_is_no_result() {
+    let db = fresh().await;
+    let [one, two, three, _] = four_leases(&db, "n").await;
+    assert!(one
+        .complete(Some(serde_json::Value::Null))
+        .await
+        .unwrap()
+        .committed());
+    let batch = Lease::complete_many(
+        &db.ledger,
+        vec![
+            (&two, Some(serde_json::Value::Null)),
+            (&three, Some(json!({ "ok": true }))),
+        ],
+    )
+    .await
+    .unwrap();
+    assert!(batch.iter().all(|r| r.committed()), "{batch:?}");
+    assert_eq!(db.job(one.job_id()).await.result, None);
+    assert_eq!(db.job(two.job_id()).await.result, None);
+    let again = one.complete(None).await.unwrap();
+    assert_eq!(
+        again.outcome,
+        Outcome::AlreadyCommitted,
+        "null and none are one answer"
+    );
+    db.assert_verified().await;
+}

@@ -161,12 +161,13 @@ pub fn decide(job: &Job, cmd: &Command, ctx: &Ctx) -> Result<Event, Rejection> {
             let dg = release_digest(ReleaseOp::Complete, result.clone().unwrap_or(Value::Null));
             holding_for(job, *fence, ReleaseOp::Complete, &dg)?;
             let reason = after_cancel(job, Reason::Completed);
+            // A JSON null result is no result: stored, `{"result": null}`
+            // reads back as none, so a job that kept `Some(null)` differed
+            // from its own replay (review of issue 15: `verify` refused it).
+            let result = result.clone().filter(|v| !v.is_null());
             draft(
                 job,
-                EventBody::Succeeded {
-                    result: result.clone(),
-                    digest: dg,
-                },
+                EventBody::Succeeded { result, digest: dg },
                 JobState::Succeeded,
                 reason,
             )

@@ -282,25 +282,28 @@ pub(crate) type BatchItem<'a> = (Uuid, String, Command, Option<String>, Option<&
 type Read = std::collections::HashMap<Uuid, (Job, chrono::DateTime<chrono::Utc>)>;
 
 /// Locks the batch's rows (in id order) and reads each job: the caller's
-/// copy when the row is still at that copy's version and chain head, the
-/// row itself otherwise. Why a copy can stand for the row: the version
-/// moves by one with every event (the database refuses anything else), the
-/// head hash names the whole chain up to it, and the row is `apply` folded
-/// over that chain, which is where the copy came from. The fenced update
-/// still checks epoch, token, state and version. Issue 15: reading and
-/// decoding every completed job's full row (its payload and policy as
-/// JSON) was a tenth of a drain's client time, for rows that had not moved.
+/// copy when the row is still at that copy's generation (version and chain
+/// head, and the epoch, token and state the fenced update checks), the row
+/// itself otherwise. Why a copy can stand for the row: the version moves
+/// by one with every event (the database refuses anything else), the head
+/// hash names the whole chain up to it, and the row is `apply` folded over
+/// that chain, which is where the copy came from. A row changed around the
+/// log (by hand, triggers off) in a column no fence checks is decided on
+/// the log's fold, and `verify` still reports the row until it is written.
+/// Issue 15: reading and decoding every completed job's full row (its
+/// payload and policy as JSON) was a tenth of a drain's client time, for
+/// rows that had not moved.
 async fn lock_batch(conn: &mut PgConnection, ids: &[Uuid], items: &[BatchItem<'_>]) -> LedgerResult<Read> {
     let known: std::collections::HashMap<Uuid, &Job> =
         items.iter().filter_map(|i| i.4.map(|j| (i.0, j))).collect();
     let mut read = Read::new();
     let mut moved = Vec::new();
-    for (id, version, head, now) in jobs::lock_generations(&mut *conn, ids).await? {
-        match known.get(&id) {
-            Some(j) if j.version == version && j.last_hash == head => {
-                read.insert(id, ((*j).clone(), now));
+    for g in jobs::lock_generations(&mut *conn, ids).await? {
+        match known.get(&g.job_id) {
+            Some(j) if same_generation(j, &g) => {
+                read.insert(g.job_id, ((*j).clone(), g.db_now));
             }
-            _ => moved.push(id),
+            _ => moved.push(g.job_id),
         }
     }
     if !moved.is_empty() {
@@ -310,6 +313,14 @@ async fn lock_batch(conn: &mut PgConnection, ids: &[Uuid], items: &[BatchItem<'_
         }
     }
     Ok(read)
+}
+
+fn same_generation(copy: &Job, row: &jobs::Generation) -> bool {
+    copy.version == row.version
+        && copy.last_hash == row.last_hash
+        && copy.epoch == row.epoch
+        && copy.token == row.token
+        && copy.state.as_str() == row.state
 }
 
 /// Several transitions of different jobs in one transaction, each decided and

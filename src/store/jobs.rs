@@ -155,17 +155,26 @@ pub async fn lock_jobs(conn: &mut PgConnection, ids: &[Uuid]) -> StoreResult<Vec
     Ok(sqlx::query_as(&sql).bind(ids).fetch_all(conn).await?)
 }
 
-/// Locks the rows like `lock_jobs` but reads only each row's generation:
-/// its version and the head of its chain, with the clock. For a caller
-/// that holds copies of the jobs (a worker's leases) and reads in full only
-/// the rows that moved since (`ledger::engine::transition_many`).
-pub async fn lock_generations(
-    conn: &mut PgConnection,
-    ids: &[Uuid],
-) -> StoreResult<Vec<(Uuid, i64, String, DateTime<Utc>)>> {
+/// A locked row's generation: what the fenced update checks (epoch, token,
+/// state, version), the head of its chain, and the clock read under the lock.
+#[derive(Debug, sqlx::FromRow)]
+pub struct Generation {
+    pub job_id: Uuid,
+    pub epoch: i64,
+    pub token: i64,
+    pub state: String,
+    pub version: i64,
+    pub last_hash: String,
+    pub db_now: DateTime<Utc>,
+}
+
+/// Locks the rows like `lock_jobs` but reads only each row's generation.
+/// For a caller that holds copies of the jobs (a worker's leases) and reads
+/// in full only the rows that moved since (`ledger::engine::transition_many`).
+pub async fn lock_generations(conn: &mut PgConnection, ids: &[Uuid]) -> StoreResult<Vec<Generation>> {
     Ok(sqlx::query_as(
-        "SELECT job_id, version, last_hash, clock_timestamp() FROM jobledger.jobs \
-         WHERE job_id = ANY($1) ORDER BY job_id FOR UPDATE",
+        "SELECT job_id, epoch, token, state, version, last_hash, clock_timestamp() AS db_now \
+         FROM jobledger.jobs WHERE job_id = ANY($1) ORDER BY job_id FOR UPDATE",
     )
     .bind(ids)
     .fetch_all(conn)
