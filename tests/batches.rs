@@ -209,28 +209,19 @@ async fn a_row_changed_around_the_log_is_refused_alone() {
         forged.job_id(),
     )
     .await;
+    let expected = vec![
+        (a.job_id(), Outcome::Committed),
+        (forged.job_id(), Outcome::Stale),
+        (b.job_id(), Outcome::Committed),
+    ];
     let hb = Lease::heartbeat_many(&db.ledger, &[&a, &forged, &b], Duration::from_secs(60))
         .await
         .expect("one forged row does not fail the batch");
-    assert_eq!(
-        answered(&hb),
-        vec![
-            (a.job_id(), Outcome::Committed),
-            (forged.job_id(), Outcome::Stale),
-            (b.job_id(), Outcome::Committed)
-        ]
-    );
+    assert_eq!(answered(&hb), expected, "heartbeats");
     let done = Lease::complete_many(&db.ledger, vec![(&a, None), (&forged, None), (&b, None)])
         .await
         .expect("one forged row does not fail the batch");
-    assert_eq!(
-        answered(&done),
-        vec![
-            (a.job_id(), Outcome::Committed),
-            (forged.job_id(), Outcome::Stale),
-            (b.job_id(), Outcome::Committed)
-        ]
-    );
+    assert_eq!(answered(&done), expected, "completions");
 }
 
 /// A JSON null result is no result: the job's row and its replay agree.

@@ -56,6 +56,16 @@ struct World {
     now: chrono::DateTime<Utc>,
 }
 
+/// Job search skips queued jobs for any reason `Reason::may_be_queued`
+/// leaves out, so no queued job may carry one.
+fn queued_reason_is_listed(j: &Job) {
+    assert!(
+        j.state != JobState::Queued || j.reason.may_be_queued(),
+        "a queued job carries {:?}",
+        j.reason
+    );
+}
+
 impl World {
     fn ctx(&mut self) -> Ctx {
         self.now += Duration::milliseconds(1);
@@ -95,13 +105,7 @@ impl World {
         };
         let before = self.steps[i].state;
         self.steps[i] = apply(Some(&self.steps[i]), &ev).expect("decide's event applies");
-        // Job search skips queued jobs for any other reason.
-        let s = &self.steps[i];
-        assert!(
-            s.state != JobState::Queued || s.reason.may_be_queued(),
-            "{:?}",
-            s.reason
-        );
+        queued_reason_is_listed(&self.steps[i]);
         let after = self.steps[i].state;
         let released = matches!(
             ev.body,
@@ -179,12 +183,7 @@ impl World {
         let ctx = self.ctx();
         let ev = decide(&self.parent, &cmd, &ctx).expect("the parent counts every step's end");
         self.parent = apply(Some(&self.parent), &ev).expect("the parent's event applies");
-        let p = &self.parent;
-        assert!(
-            p.state != JobState::Queued || p.reason.may_be_queued(),
-            "{:?}",
-            p.reason
-        );
+        queued_reason_is_listed(&self.parent);
         self.parent_events.push(ev);
         let states: Vec<JobState> = self.steps.iter().map(|j| j.state).collect();
         assert_eq!(self.parent.state, table(&states), "rule table over {states:?}");

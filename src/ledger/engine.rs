@@ -121,6 +121,7 @@ pub(crate) async fn write_wave(
     let mut results = Vec::with_capacity(decided.len());
     let (mut prev, mut evs, mut gone, mut graves) = (vec![], vec![], vec![], vec![]);
     let mut purge_evs = vec![];
+    let mut updated: Vec<usize> = vec![];
     for (job, decision) in &decided {
         match decision {
             Err(r) => results.push(WriteResult::rejected(job.clone(), r.clone())),
@@ -135,6 +136,8 @@ pub(crate) async fn write_wave(
                 } else {
                     evs.push(traced(EventRow::from(ev), job.traceparent.as_deref()));
                     prev.push(job);
+                    // The answer pushed next holds the job after its event.
+                    updated.push(results.len());
                 }
                 results.push(WriteResult {
                     outcome: Outcome::Committed,
@@ -162,10 +165,9 @@ pub(crate) async fn write_wave(
     }
     if !prev.is_empty() {
         // The jobs after their events, in the order of `prev`.
-        let next: Vec<&Job> = results
+        let next: Vec<&Job> = updated
             .iter()
-            .filter(|r| r.committed() && !r.purged)
-            .filter_map(|r| r.job.as_ref())
+            .map(|&i| results[i].job.as_ref().expect("a committed update holds its job"))
             .collect();
         positions.extend(writes::write_transitions(conn, &prev, &next, evs).await?);
     }

@@ -39,12 +39,19 @@ impl Lease {
     /// The lease a committed claim handed out, if it left the job held (a
     /// claim can also end a job whose lease expired on its last attempt).
     pub(crate) fn from_claim(ledger: &Ledger, r: &WriteResult) -> Option<Self> {
-        Self::from_claim_owned(ledger, r.clone())
+        Self::holding(ledger, r, r.job.clone())
     }
 
     /// `from_claim`, taking the job out of the answer instead of copying it.
     pub(crate) fn from_claim_owned(ledger: &Ledger, mut r: WriteResult) -> Option<Self> {
-        let job = r.job.take().filter(|j| r.committed() && j.state.is_held())?;
+        let job = r.job.take();
+        Self::holding(ledger, &r, job)
+    }
+
+    /// The lease of claim answer `r`, whose job (taken or copied out of it)
+    /// is `job`.
+    fn holding(ledger: &Ledger, r: &WriteResult, job: Option<Job>) -> Option<Self> {
+        let job = job.filter(|j| r.committed() && j.state.is_held())?;
         let taken_over = matches!(
             r.event.as_ref().map(|e| &e.body),
             Some(EventBody::TakenOver { .. })
