@@ -257,3 +257,21 @@ async fn a_null_result_is_no_result() {
     );
     db.assert_verified().await;
 }
+
+/// A row that kept a JSON `null` result (written before `decide` turned a
+/// null result into none) reads as no result, as its `succeeded` event does,
+/// so `verify` agrees with it (review of issue 15: it reported the job, with
+/// an empty detail, for as long as the job lived).
+#[tokio::test]
+async fn a_row_that_kept_a_null_result_reads_as_none() {
+    let db = fresh().await;
+    let [done, _, _, _] = four_leases(&db, "o").await;
+    assert!(done.complete(None).await.unwrap().committed());
+    db.around_the_log(
+        "UPDATE jobledger.jobs SET result = 'null'::jsonb WHERE job_id = $1",
+        done.job_id(),
+    )
+    .await;
+    assert_eq!(db.job(done.job_id()).await.result, None);
+    db.assert_verified().await;
+}

@@ -100,7 +100,10 @@ impl TryFrom<JobRow> for Job {
             step: r.step,
             receipt_id: r.receipt_id,
             receipt_deadline: r.receipt_deadline,
-            result: r.result,
+            // JSON null is no result, as the `succeeded` event reads back
+            // (rows written before `decide` said so kept `null`; review of
+            // issue 15).
+            result: r.result.filter(|v| !v.is_null()),
             created_at: r.created_at,
             updated_at: r.updated_at,
             version: r.version,
