@@ -5,8 +5,8 @@
 
 use chrono::{DateTime, Duration, TimeZone, Utc};
 use jobledger::domain::{
-    apply, decide, decide_enqueue, edge_allowed, event_hash, Command, Ctx, ErrorClass, Event, EventBody,
-    ExpiryPolicy, Fence, Job, JobState, NewJob, Outcome, Policy, ReceiptPolicy, ReceiptStatus,
+    apply, decide, decide_enqueue, edge_allowed, event_hash, ApplyError, Command, Ctx, ErrorClass, Event,
+    EventBody, ExpiryPolicy, Fence, Job, JobState, NewJob, Outcome, Policy, ReceiptPolicy, ReceiptStatus,
 };
 use proptest::prelude::*;
 use serde_json::json;
@@ -308,6 +308,15 @@ proptest! {
                     }
                     purged = matches!(ev.body, EventBody::Purged {});
                     job = apply(Some(&job), &ev).expect("apply accepts what decide produced");
+                    // Any other token, attempt or run is refused on replay.
+                    for (dt, da, dr) in [(1, 0, 0), (-1, 0, 0), (0, 1, 0), (0, -1, 0), (0, 0, 1), (0, 0, -1)] {
+                        let mut forged = ev.clone();
+                        forged.token += dt;
+                        forged.attempt += da;
+                        forged.run += dr;
+                        let refused = apply(Some(&before), &forged);
+                        prop_assert!(matches!(refused, Err(ApplyError::Counters { .. })), "{:?} accepted: {refused:?}", (dt, da, dr));
+                    }
                     // Job search skips queued jobs for any other reason.
                     prop_assert!(job.state != JobState::Queued || job.reason.may_be_queued(), "{:?}", job.reason);
                     events.push(ev);

@@ -279,3 +279,34 @@ async fn verify_finds_forged_and_edited_tombstones() {
     assert!(found(purged, "tombstone does not match"), "{:?}", report.problems);
     assert_eq!(report.problems.len(), 3, "{:?}", report.problems);
 }
+
+/// A fencing token forged on the row (triggers off) and a lease resumed with
+/// it: the write path takes the row as it finds it, so the completion
+/// commits, with an event whose token does not follow from the event before
+/// it. Every event keeps its job's token, attempt and run except those that
+/// change them by rule (`apply::counters_after`), so `verify` names the
+/// event. Review of issue 15 (helper-27): `verify` found nothing.
+#[tokio::test]
+async fn verify_finds_a_token_that_does_not_follow_from_the_event_before() {
+    let db = fresh().await;
+    let job = db.enqueue(Some("k-forged-token"), json!({"amount": 5})).await;
+    let honest = db.claim_one("w").await;
+    assert_eq!(honest.fence().token, 1);
+    db.around_the_log(
+        "UPDATE jobledger.jobs SET token = 99 WHERE job_id = $1",
+        job.job_id,
+    )
+    .await;
+    let forged =
+        jobledger::ledger::Lease::resume(db.ledger.clone(), job.job_id, honest.fence().epoch, 99, "w");
+    assert!(forged.complete(None).await.unwrap().committed());
+    let report = db.ledger.verify(Some(job.job_id)).await.unwrap();
+    assert!(!report.ok(), "verify found nothing");
+    let details: Vec<&str> = report.problems.iter().map(|p| p.detail.as_str()).collect();
+    assert!(
+        details
+            .iter()
+            .any(|d| d.contains("token 99") && d.contains("they are 1, 1, 0")),
+        "{details:?}"
+    );
+}

@@ -39,6 +39,32 @@ pub enum ApplyError {
     Operator(String),
     #[error("annotation of version {corrects} in event version {at}: only earlier events are corrected")]
     AnnotationAhead { corrects: i64, at: i64 },
+    #[error(
+        "`{kind}` carries token {}, attempt {}, run {}; after the event before it they are {}, {}, {}",
+        event.0, event.1, event.2, expected.0, expected.1, expected.2
+    )]
+    Counters {
+        kind: &'static str,
+        event: (i64, i32, i32),
+        expected: (i64, i32, i32),
+    },
+}
+
+/// The fencing token, attempt and run a job has after an event of kind
+/// `body`: a claim or a takeover starts a new holding (a new token and
+/// attempt), giving a job back unstarted (released, snoozed) returns the
+/// attempt it took, a replay starts a new run from attempt 0, and every
+/// other event keeps all three. `decide` drafts by this rule and `apply`
+/// refuses an event that breaks it, so a token or attempt written around
+/// the write path (a forged row resumed by a lease) shows in `verify`.
+pub fn counters_after(prev: &Job, body: &EventBody) -> (i64, i32, i32) {
+    let (token, attempt, run) = (prev.token, prev.attempt, prev.run);
+    match body {
+        EventBody::Claimed { .. } | EventBody::TakenOver { .. } => (token + 1, attempt + 1, run),
+        EventBody::Released { .. } | EventBody::Snoozed { .. } => (token, (attempt - 1).max(0), run),
+        EventBody::Replayed { .. } => (token, 0, run + 1),
+        _ => (token, attempt, run),
+    }
 }
 
 /// Every edge of the state machine: (event type, from, to). The diagram in
@@ -142,6 +168,14 @@ fn check(prev: &Job, ev: &Event) -> Result<(), ApplyError> {
             kind: ev.body.type_name(),
             from: prev.state.to_string(),
             to: ev.to_state.to_string(),
+        });
+    }
+    let expected = counters_after(prev, &ev.body);
+    if (ev.token, ev.attempt, ev.run) != expected {
+        return Err(ApplyError::Counters {
+            kind: ev.body.type_name(),
+            event: (ev.token, ev.attempt, ev.run),
+            expected,
         });
     }
     Ok(())
@@ -392,6 +426,13 @@ fn first(ev: &Event) -> Result<Job, ApplyError> {
     else {
         return Err(ApplyError::MissingEnqueue(ev.body.type_name()));
     };
+    if (ev.token, ev.attempt, ev.run) != (0, 0, 0) {
+        return Err(ApplyError::Counters {
+            kind: "enqueued",
+            event: (ev.token, ev.attempt, ev.run),
+            expected: (0, 0, 0),
+        });
+    }
     let workflow = workflow.as_deref();
     if (ev.to_state, ev.reason) != initial(workflow) {
         return Err(ApplyError::IllegalEdge {

@@ -6,6 +6,7 @@ use serde_json::{json, Value};
 use uuid::Uuid;
 
 use super::admission::Admission;
+use super::apply::counters_after;
 use super::command::{Command, Ctx, Fence, NewJob, Rejection};
 use super::digest::{digest, event_hash, fmt_time, to_micros};
 use super::event::{Event, EventBody};
@@ -28,14 +29,16 @@ pub(super) struct Draft {
 }
 
 pub(super) fn draft(job: &Job, body: EventBody, to: JobState, reason: Reason) -> Draft {
+    // The one rule for the counters, which `apply` checks on replay.
+    let (token, attempt, run) = counters_after(job, &body);
     Draft {
         body,
         to,
         reason,
         error_class: None,
-        token: job.token,
-        attempt: job.attempt,
-        run: job.run,
+        token,
+        attempt,
+        run,
     }
 }
 
@@ -210,13 +213,11 @@ pub fn decide(job: &Job, cmd: &Command, ctx: &Ctx) -> Result<Event, Rejection> {
             let dg = release_digest(ReleaseOp::Release, Value::Null);
             holding_for(job, *fence, ReleaseOp::Release, &dg)?;
             let body = EventBody::Released { digest: dg };
-            let mut d = if job.state == JobState::CancelRequested {
+            if job.state == JobState::CancelRequested {
                 draft(job, body, JobState::Cancelled, Reason::CancelledBeforeStart)
             } else {
                 draft(job, body, JobState::Queued, Reason::ReleasedUnstarted)
-            };
-            d.attempt = (job.attempt - 1).max(0);
-            d
+            }
         }
         Command::Snooze { fence, delay_ms } => {
             let dg = release_digest(ReleaseOp::Snooze, json!(delay_ms));
@@ -228,9 +229,7 @@ pub fn decide(job: &Job, cmd: &Command, ctx: &Ctx) -> Result<Event, Rejection> {
                 run_at: later(ctx, *delay_ms),
                 digest: dg,
             };
-            let mut d = draft(job, body, JobState::Queued, Reason::Snoozed);
-            d.attempt = (job.attempt - 1).max(0);
-            d
+            draft(job, body, JobState::Queued, Reason::Snoozed)
         }
         Command::Observe {
             fence,
@@ -343,10 +342,7 @@ fn claim(job: &Job, holder: &str, lease_ms: i64, ctx: &Ctx) -> Result<Draft, Rej
                 lease_until,
                 next_action: job.next_action,
             };
-            let mut d = draft(job, body, JobState::Leased, Reason::Claimed);
-            d.token += 1;
-            d.attempt += 1;
-            Ok(d)
+            Ok(draft(job, body, JobState::Leased, Reason::Claimed))
         }
         s if s.is_held() => {
             expired_lease(job, ctx)?;
@@ -372,10 +368,7 @@ fn claim(job: &Job, holder: &str, lease_ms: i64, ctx: &Ctx) -> Result<Draft, Rej
                 previous_holder: job.holder.clone(),
                 lease_until,
             };
-            let mut d = draft(job, body, job.state, Reason::LeaseExpiredTakeover);
-            d.token += 1;
-            d.attempt += 1;
-            Ok(d)
+            Ok(draft(job, body, job.state, Reason::LeaseExpiredTakeover))
         }
         s => Err(Rejection::invalid(format!("a {s} job cannot be claimed"))),
     }

@@ -28,10 +28,7 @@ pub(super) fn replay(job: &Job, operator: &str, note: &str) -> Result<Draft, Rej
         operator: operator.to_string(),
         note: note.to_string(),
     };
-    let mut d = draft(job, body, JobState::Queued, Reason::ReplayedByOperator);
-    d.run = job.run + 1;
-    d.attempt = 0;
-    Ok(d)
+    Ok(draft(job, body, JobState::Queued, Reason::ReplayedByOperator))
 }
 
 /// A verdict from `dead` or `awaiting_receipt` to `succeeded` or
