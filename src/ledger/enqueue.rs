@@ -13,7 +13,7 @@ use super::error::{LedgerError, LedgerResult};
 use super::Ledger;
 use crate::domain::workflow::WorkflowTie;
 use crate::domain::{apply, decide_enqueue_tied, Ctx, Job, NewJob, Policy};
-use crate::store::{jobs, policies, EventRow, JobRow, StoreError};
+use crate::store::{jobs, policies, EventRow, StoreError};
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Enqueued {
@@ -189,13 +189,13 @@ pub(crate) async fn insert_drafts(
         h().await;
     }
     let drafts = decide_drafts(&news, epochs, &ties, registered, now, actor)?;
-    let rows: Vec<JobRow> = drafts.iter().map(|(_, j)| JobRow::from(j)).collect();
+    let rows: Vec<&Job> = drafts.iter().map(|(_, j)| j).collect();
     let evs: Vec<EventRow> = drafts
         .iter()
         .map(|(e, j)| traced(EventRow::from(e), j.traceparent.as_deref()))
         .collect();
     let inserted = match &check {
-        None => jobs::insert_new_jobs(conn, rows, evs).await?,
+        None => jobs::insert_new_jobs(conn, &rows, evs).await?,
         Some(check) => {
             // From the moment the insert is sent until its wake-up is out: a
             // caller that stops waiting (drops this future) may do so after
@@ -203,7 +203,7 @@ pub(crate) async fn insert_drafts(
             // One too many, when nothing was written, only makes a worker look.
             let queues = drafts.iter().map(|(_, j)| j.queue.clone()).collect();
             let mut guard = WakeOnDrop(cache.and_then(|c| c.pool()).map(|p| (p, queues)));
-            let answer = jobs::insert_new_jobs_checked(conn, rows, evs, check).await?;
+            let answer = jobs::insert_new_jobs_checked(conn, &rows, evs, check).await?;
             let Some(done) = answer else {
                 guard.0 = None;
                 // Refused, nothing written: read afresh and decide again.
@@ -421,7 +421,7 @@ async fn insert_one(
 ) -> LedgerResult<Option<Enqueued>> {
     let at = jobs::insert_new_jobs(
         conn,
-        vec![JobRow::from(job)],
+        &[job],
         vec![traced(EventRow::from(ev), job.traceparent.as_deref())],
     )
     .await?;

@@ -6,41 +6,26 @@ use chrono::{DateTime, Utc};
 use serde_json::Value;
 use uuid::Uuid;
 
-use super::rows::{EventRow, JobRow};
+use super::rows::{to_json, EventRow};
+use crate::domain::Job;
 
-/// `$first::uuid[], $first+1::text[], ...` for the job columns, in order.
-pub const JOB_TYPES: &[&str] = &[
-    "uuid",
-    "text",
-    "text",
-    "text",
-    "int8",
-    "int8",
-    "int4",
-    "int4",
-    "text",
-    "int2",
-    "jsonb",
-    "text",
-    "jsonb",
-    "timestamptz",
-    "timestamptz",
-    "text",
-    "text",
-    "text",
-    "text",
-    "timestamptz",
-    "jsonb",
-    "jsonb",
-    "jsonb",
-    "text",
-    "timestamptz",
-    "timestamptz",
-    "int8",
-    "text",
-    "jsonb",
-    "jsonb",
-    "text",
+/// The columns of a new job that its `enqueued` event does not already
+/// carry as a column: the insert takes the rest from the event's arrays
+/// (ids, counters, state, reason, times, version, hash) and the payload and
+/// policy from its data, so each is sent and parsed once. A new job's lease,
+/// receipt, release and error columns are empty (`apply`'s first event).
+pub const NEW_JOB_COLUMNS: &[(&str, &str)] = &[
+    ("queue", "text"),
+    ("kind", "text"),
+    ("job_key", "text"),
+    ("priority", "int2"),
+    ("payload_digest", "text"),
+    ("run_at", "timestamptz"),
+    ("next_action", "text"),
+    ("result", "jsonb"),
+    ("workflow", "jsonb"),
+    ("admission", "jsonb"),
+    ("traceparent", "text"),
 ];
 
 pub const EVENT_TYPES: &[&str] = &[
@@ -74,113 +59,54 @@ pub fn unnest(types: &[&str], from: usize) -> String {
     format!("UNNEST({})", args.join(", "))
 }
 
+/// `NEW_JOB_COLUMNS` of new jobs, as arrays.
 #[derive(Default)]
-pub struct JobArrays {
-    pub job_id: Vec<Uuid>,
-    pub queue: Vec<String>,
-    pub kind: Vec<String>,
-    pub job_key: Vec<Option<String>>,
-    pub epoch: Vec<i64>,
-    pub token: Vec<i64>,
-    pub run: Vec<i32>,
-    pub attempt: Vec<i32>,
-    pub state: Vec<String>,
-    pub priority: Vec<i16>,
-    pub payload: Vec<Value>,
-    pub payload_digest: Vec<String>,
-    pub policy: Vec<Value>,
-    pub run_at: Vec<DateTime<Utc>>,
-    pub lease_until: Vec<Option<DateTime<Utc>>>,
-    pub holder: Vec<Option<String>>,
-    pub next_action: Vec<String>,
-    pub step: Vec<Option<String>>,
-    pub receipt_id: Vec<Option<String>>,
-    pub receipt_deadline: Vec<Option<DateTime<Utc>>>,
-    pub result: Vec<Option<Value>>,
-    pub release: Vec<Option<Value>>,
-    pub last_error: Vec<Option<Value>>,
-    pub reason: Vec<String>,
-    pub created_at: Vec<DateTime<Utc>>,
-    pub updated_at: Vec<DateTime<Utc>>,
-    pub version: Vec<i64>,
-    pub last_hash: Vec<String>,
-    pub workflow: Vec<Option<Value>>,
-    pub admission: Vec<Option<Value>>,
-    pub traceparent: Vec<Option<String>>,
+pub struct NewJobArrays {
+    queue: Vec<String>,
+    kind: Vec<String>,
+    job_key: Vec<Option<String>>,
+    priority: Vec<i16>,
+    payload_digest: Vec<String>,
+    run_at: Vec<DateTime<Utc>>,
+    next_action: Vec<&'static str>,
+    result: Vec<Option<Value>>,
+    workflow: Vec<Option<Value>>,
+    admission: Vec<Option<Value>>,
+    traceparent: Vec<Option<String>>,
 }
 
-impl JobArrays {
-    pub fn of(rows: Vec<JobRow>) -> Self {
-        let mut a = JobArrays::default();
-        for r in rows {
-            a.job_id.push(r.job_id);
-            a.queue.push(r.queue);
-            a.kind.push(r.kind);
-            a.job_key.push(r.job_key);
-            a.epoch.push(r.epoch);
-            a.token.push(r.token);
-            a.run.push(r.run);
-            a.attempt.push(r.attempt);
-            a.state.push(r.state);
-            a.priority.push(r.priority);
-            a.payload.push(r.payload);
-            a.payload_digest.push(r.payload_digest);
-            a.policy.push(r.policy);
-            a.run_at.push(r.run_at);
-            a.lease_until.push(r.lease_until);
-            a.holder.push(r.holder);
-            a.next_action.push(r.next_action);
-            a.step.push(r.step);
-            a.receipt_id.push(r.receipt_id);
-            a.receipt_deadline.push(r.receipt_deadline);
-            a.result.push(r.result);
-            a.release.push(r.release);
-            a.last_error.push(r.last_error);
-            a.reason.push(r.reason);
-            a.created_at.push(r.created_at);
-            a.updated_at.push(r.updated_at);
-            a.version.push(r.version);
-            a.last_hash.push(r.last_hash);
-            a.workflow.push(r.workflow);
-            a.admission.push(r.admission);
-            a.traceparent.push(r.traceparent);
+impl NewJobArrays {
+    pub fn of<'a>(jobs: impl IntoIterator<Item = &'a Job>) -> Self {
+        let mut a = NewJobArrays::default();
+        for j in jobs {
+            a.queue.push(j.queue.clone());
+            a.kind.push(j.kind.clone());
+            a.job_key.push(j.job_key.clone());
+            a.priority.push(j.priority);
+            a.payload_digest.push(j.payload_digest.clone());
+            a.run_at.push(j.run_at);
+            a.next_action.push(j.next_action.as_str());
+            a.result.push(j.result.clone());
+            a.workflow.push(to_json(&j.workflow));
+            a.admission.push(to_json(&j.admission));
+            a.traceparent.push(j.traceparent.clone());
         }
         a
     }
 
-    /// Binds every column, in `JOB_COLUMNS` order.
+    /// Binds every column, in `NEW_JOB_COLUMNS` order.
     pub fn bind_all<'q, O>(
         self,
         q: sqlx::query::QueryAs<'q, sqlx::Postgres, O, sqlx::postgres::PgArguments>,
     ) -> sqlx::query::QueryAs<'q, sqlx::Postgres, O, sqlx::postgres::PgArguments> {
-        q.bind(self.job_id)
-            .bind(self.queue)
+        q.bind(self.queue)
             .bind(self.kind)
             .bind(self.job_key)
-            .bind(self.epoch)
-            .bind(self.token)
-            .bind(self.run)
-            .bind(self.attempt)
-            .bind(self.state)
             .bind(self.priority)
-            .bind(self.payload)
             .bind(self.payload_digest)
-            .bind(self.policy)
             .bind(self.run_at)
-            .bind(self.lease_until)
-            .bind(self.holder)
             .bind(self.next_action)
-            .bind(self.step)
-            .bind(self.receipt_id)
-            .bind(self.receipt_deadline)
             .bind(self.result)
-            .bind(self.release)
-            .bind(self.last_error)
-            .bind(self.reason)
-            .bind(self.created_at)
-            .bind(self.updated_at)
-            .bind(self.version)
-            .bind(self.last_hash)
             .bind(self.workflow)
             .bind(self.admission)
             .bind(self.traceparent)

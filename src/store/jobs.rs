@@ -4,9 +4,10 @@ use chrono::{DateTime, Utc};
 use sqlx::{PgConnection, PgExecutor};
 use uuid::Uuid;
 
-use super::columns::{unnest, EventArrays, JobArrays, EVENT_TYPES, JOB_TYPES};
+use super::columns::{EventArrays, NewJobArrays, EVENT_TYPES, NEW_JOB_COLUMNS};
 use super::rows::{EventRow, JobRow, EVENT_COLUMNS, JOB_COLUMNS};
 use super::{StoreError, StoreResult};
+use crate::domain::Job;
 
 /// A locked row and the database clock read while holding its lock.
 #[derive(Debug, sqlx::FromRow)]
@@ -16,18 +17,19 @@ pub struct Locked {
     pub db_now: DateTime<Utc>,
 }
 
-/// Inserts new jobs and their first events in one statement. Jobs whose
-/// `(queue, job_key)` already exists are skipped, and so are their events.
-/// Returns `(job_id, position)` of what was inserted.
+/// Inserts new jobs and their first events in one statement (`jobs[i]` is
+/// what `apply` made of `events[i]`). Jobs whose `(queue, job_key)` already
+/// exists are skipped, and so are their events. Returns `(job_id, position)`
+/// of what was inserted.
 pub async fn insert_new_jobs(
     conn: &mut PgConnection,
-    rows: Vec<JobRow>,
+    jobs: &[&Job],
     events: Vec<EventRow>,
 ) -> StoreResult<Vec<(Uuid, i64)>> {
     let sql = insert_jobs_sql("", "true", "");
     let q = sqlx::query_as(&sql);
-    let q = JobArrays::of(rows).bind_all(q);
     let q = EventArrays::of(events).bind_all(q);
+    let q = NewJobArrays::of(jobs.iter().copied()).bind_all(q);
     Ok(q.fetch_all(conn).await?)
 }
 
@@ -55,11 +57,11 @@ pub struct ContextCheck {
 /// migration 20261207000001).
 pub async fn insert_new_jobs_checked(
     conn: &mut PgConnection,
-    rows: Vec<JobRow>,
+    jobs: &[&Job],
     events: Vec<EventRow>,
     check: &ContextCheck,
 ) -> StoreResult<Option<Vec<(Uuid, i64)>>> {
-    let n = JOB_TYPES.len() + EVENT_TYPES.len();
+    let n = EVENT_TYPES.len() + NEW_JOB_COLUMNS.len();
     // The check's CTE is evaluated once; the insert takes no row when it
     // fails, and the answer then carries one row of NULLs.
     let ok = format!(
@@ -79,8 +81,8 @@ pub async fn insert_new_jobs_checked(
         " UNION ALL SELECT NULL::uuid, NULL::int8 FROM ok WHERE NOT ok",
     );
     let q = sqlx::query_as(&sql);
-    let q = JobArrays::of(rows).bind_all(q);
     let q = EventArrays::of(events).bind_all(q);
+    let q = NewJobArrays::of(jobs.iter().copied()).bind_all(q);
     let got: Vec<(Option<Uuid>, Option<i64>)> = q
         .bind(check.now)
         .bind(check.within_ms)
@@ -114,16 +116,40 @@ pub async fn wake<'e>(exec: impl PgExecutor<'e>, queues: &[String]) -> StoreResu
 /// The insert of new jobs and events, with `with` before its CTEs, `cond`
 /// on the jobs taken and `tail` after its answer.
 fn insert_jobs_sql(with: &str, cond: &str, tail: &str) -> String {
-    let n = JOB_TYPES.len();
+    let types = EVENT_TYPES
+        .iter()
+        .chain(NEW_JOB_COLUMNS.iter().map(|(_, t)| t))
+        .enumerate()
+        .map(|(i, t)| format!("${}::{t}[]", i + 1))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let names = NEW_JOB_COLUMNS
+        .iter()
+        .map(|(c, _)| *c)
+        .collect::<Vec<_>>()
+        .join(", ");
+    let events = EVENT_COLUMNS
+        .split(',')
+        .map(|c| format!("u.{}", c.trim()))
+        .collect::<Vec<_>>()
+        .join(", ");
+    // The job as `apply` makes it of its first event: what the event holds
+    // comes from the event's arrays, the rest from `NEW_JOB_COLUMNS`; the
+    // statement checks (`jobs_need_event_insert`) compare the two as for
+    // any other insert.
+    let job = "u.job_id, u.queue, u.kind, u.job_key, u.epoch, u.token, u.run, u.attempt, u.to_state, \
+               u.priority, u.data -> 'payload', u.payload_digest, u.data -> 'policy', u.run_at, \
+               NULL::timestamptz, NULL::text, u.next_action, NULL::text, NULL::text, NULL::timestamptz, \
+               u.result, NULL::jsonb, NULL::jsonb, u.reason, u.recorded_at, u.recorded_at, u.version, \
+               u.hash, u.workflow, u.admission, u.traceparent";
     format!(
-        "WITH {with}j AS (INSERT INTO jobledger.jobs ({JOB_COLUMNS}) SELECT * FROM {} WHERE {cond} \
+        "WITH {with}u AS MATERIALIZED (SELECT * FROM UNNEST({types}) AS u({EVENT_COLUMNS}, {names})), \
+              j AS (INSERT INTO jobledger.jobs ({JOB_COLUMNS}) SELECT {job} FROM u WHERE {cond} \
                     ON CONFLICT (queue, job_key) WHERE job_key IS NOT NULL DO NOTHING RETURNING job_id), \
               e AS (INSERT INTO jobledger.events ({EVENT_COLUMNS}) \
-                    SELECT * FROM {} AS u({EVENT_COLUMNS}) WHERE u.job_id IN (SELECT job_id FROM j) \
+                    SELECT {events} FROM u WHERE u.job_id IN (SELECT job_id FROM j) \
                     ORDER BY u.job_id RETURNING job_id, position) \
-         SELECT job_id, position FROM e{tail}",
-        unnest(JOB_TYPES, 1),
-        unnest(EVENT_TYPES, n + 1)
+         SELECT job_id, position FROM e{tail}"
     )
 }
 
