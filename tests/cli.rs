@@ -488,3 +488,29 @@ async fn projection_queries_wait_for_a_minimum_position_or_say_pending() {
     let status = jl(url, &["projections", "status"]).lines();
     assert!(status.iter().all(|s| s["lag_events"] == 0), "{status:?}");
 }
+
+/// `projections run` with one projection that cannot catch up (its table
+/// was dropped by hand): the others still catch up, the failing one is
+/// named, and the command fails. It stopped at the first before.
+#[tokio::test]
+async fn projections_run_carries_on_past_a_projection_that_fails() {
+    let db = common::fresh().await;
+    let url = db.url.as_str();
+    assert_eq!(jl(url, &["projections", "run"]).code, 0);
+    sqlx::query("DROP TABLE jobledger_proj.job_timeline_v1 CASCADE")
+        .execute(db.ledger.pool())
+        .await
+        .unwrap();
+    jl(url, &["enqueue", "--queue", "q", "--kind", "k"]).json();
+    let run = jl(url, &["projections", "run"]);
+    assert_ne!(run.code, 0, "{}", run.stderr);
+    let lines = run.lines();
+    let named = |name: &str| lines.iter().find(|l| l["projection"] == name).cloned();
+    assert!(
+        named("job_timeline").expect("reported")["error"].is_string(),
+        "{lines:?}"
+    );
+    for p in ["queue_stats", "jobs_rebuilt", "workflows"] {
+        assert_eq!(named(p).expect("tried")["applied"], 1, "{lines:?}");
+    }
+}

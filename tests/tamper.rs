@@ -310,3 +310,53 @@ async fn verify_finds_a_token_that_does_not_follow_from_the_event_before() {
         "{details:?}"
     );
 }
+
+/// The same forgery seen by `jobs_rebuilt` (review of this change): the
+/// refused event stops only its own job, at its last accepted event. The
+/// projection catches up every other job, and `verify --rebuilt`'s
+/// comparison names the forged one. A refused event failed the whole
+/// batch before, and the projection never got past it.
+#[tokio::test]
+async fn a_refused_event_stops_only_its_own_job_in_jobs_rebuilt() {
+    use jobledger::reader::LogReader;
+    use jobledger_projections::{runner::Runner, Projection};
+    let db = fresh().await;
+    let forged_job = db.enqueue(Some("k-forged"), json!({"amount": 5})).await;
+    db.enqueue(Some("k-honest"), json!({"amount": 6})).await;
+    let honest = db.claim_one("w").await;
+    assert_eq!(honest.job_id(), forged_job.job_id);
+    db.around_the_log(
+        "UPDATE jobledger.jobs SET token = 99 WHERE job_id = $1",
+        forged_job.job_id,
+    )
+    .await;
+    let forged = jobledger::ledger::Lease::resume(
+        db.ledger.clone(),
+        forged_job.job_id,
+        honest.fence().epoch,
+        99,
+        "w",
+    );
+    assert!(forged.complete(None).await.unwrap().committed());
+    let other = db.claim_one("w2").await;
+    assert!(other.complete(None).await.unwrap().committed());
+    let reader = LogReader::open(db.ledger.pool().clone(), "projections")
+        .await
+        .unwrap();
+    // Batches of 2: the refused event shares its batch with other jobs'.
+    let runner = Runner::new(db.ledger.pool().clone(), &reader, 2).await.unwrap();
+    let rebuilt: &dyn Projection = &jobledger::rebuilt::JobsRebuilt;
+    let done = common::within("a catch-up", runner.catch_up(&[rebuilt]))
+        .await
+        .expect("a refused event does not stop the projection");
+    assert_eq!(done.applied, 6);
+    let problems = db.ledger.compare_rebuilt().await.unwrap();
+    let named: Vec<uuid::Uuid> = problems.iter().map(|p| p.job_id).collect();
+    assert_eq!(named, vec![forged_job.job_id], "{problems:?}");
+    let state: String = sqlx::query_scalar("SELECT state FROM jobledger_proj.jobs_rebuilt WHERE job_id = $1")
+        .bind(other.job_id())
+        .fetch_one(db.ledger.pool())
+        .await
+        .unwrap();
+    assert_eq!(state, "succeeded");
+}

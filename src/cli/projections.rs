@@ -26,12 +26,23 @@ pub async fn run(ledger: &Ledger, action: &str, name: Option<&str>) -> Result<i3
     let runner = Runner::new(ledger.pool().clone(), &reader, 5000).await?;
     match action {
         "run" => {
+            // One projection that cannot catch up does not keep the others
+            // behind: each is tried, and the command fails at the end.
+            let mut failed = vec![];
             for p in shipped() {
-                let s = runner.catch_up(&[p]).await?;
-                line(
-                    &json!({ "projection": p.name(), "applied": s.applied, "rebuilt": s.rebuilt,
-                              "switched_to": s.switched_to }),
-                );
+                match runner.catch_up(&[p]).await {
+                    Ok(s) => line(
+                        &json!({ "projection": p.name(), "applied": s.applied, "rebuilt": s.rebuilt,
+                                  "switched_to": s.switched_to }),
+                    ),
+                    Err(e) => {
+                        line(&json!({ "projection": p.name(), "error": e.to_string() }));
+                        failed.push(p.name());
+                    }
+                }
+            }
+            if !failed.is_empty() {
+                bail!("projections not caught up: {}", failed.join(", "));
             }
         }
         "rebuild" => {
