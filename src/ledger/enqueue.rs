@@ -189,13 +189,13 @@ pub(crate) async fn insert_drafts(
         h().await;
     }
     let drafts = decide_drafts(&news, epochs, &ties, registered, now, actor)?;
-    let rows: Vec<&Job> = drafts.iter().map(|(_, j)| j).collect();
+    let drafted: Vec<&Job> = drafts.iter().map(|(_, j)| j).collect();
     let evs: Vec<EventRow> = drafts
         .iter()
         .map(|(e, j)| traced(EventRow::from(e), j.traceparent.as_deref()))
         .collect();
     let inserted = match &check {
-        None => jobs::insert_new_jobs(conn, &rows, evs).await?,
+        None => jobs::insert_new_jobs(conn, &drafted, evs).await?,
         Some(check) => {
             // From the moment the insert is sent until its wake-up is out: a
             // caller that stops waiting (drops this future) may do so after
@@ -203,7 +203,7 @@ pub(crate) async fn insert_drafts(
             // One too many, when nothing was written, only makes a worker look.
             let queues = drafts.iter().map(|(_, j)| j.queue.clone()).collect();
             let mut guard = WakeOnDrop(cache.and_then(|c| c.pool()).map(|p| (p, queues)));
-            let answer = jobs::insert_new_jobs_checked(conn, &rows, evs, check).await?;
+            let answer = jobs::insert_new_jobs_checked(conn, &drafted, evs, check).await?;
             let Some(done) = answer else {
                 guard.0 = None;
                 // Refused, nothing written: read afresh and decide again.

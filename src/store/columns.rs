@@ -76,7 +76,7 @@ pub struct NewJobArrays {
 }
 
 impl NewJobArrays {
-    pub fn of<'a>(jobs: impl IntoIterator<Item = &'a Job>) -> Self {
+    pub fn of(jobs: &[&Job]) -> Self {
         let mut a = NewJobArrays::default();
         for j in jobs {
             a.queue.push(j.queue.clone());

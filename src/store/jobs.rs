@@ -4,7 +4,7 @@ use chrono::{DateTime, Utc};
 use sqlx::{PgConnection, PgExecutor};
 use uuid::Uuid;
 
-use super::columns::{EventArrays, NewJobArrays, EVENT_TYPES, NEW_JOB_COLUMNS};
+use super::columns::{unnest, EventArrays, NewJobArrays, EVENT_TYPES, NEW_JOB_COLUMNS};
 use super::rows::{EventRow, JobRow, EVENT_COLUMNS, JOB_COLUMNS};
 use super::{StoreError, StoreResult};
 use crate::domain::Job;
@@ -29,7 +29,7 @@ pub async fn insert_new_jobs(
     let sql = insert_jobs_sql("", "true", "");
     let q = sqlx::query_as(&sql);
     let q = EventArrays::of(events).bind_all(q);
-    let q = NewJobArrays::of(jobs.iter().copied()).bind_all(q);
+    let q = NewJobArrays::of(jobs).bind_all(q);
     Ok(q.fetch_all(conn).await?)
 }
 
@@ -82,7 +82,7 @@ pub async fn insert_new_jobs_checked(
     );
     let q = sqlx::query_as(&sql);
     let q = EventArrays::of(events).bind_all(q);
-    let q = NewJobArrays::of(jobs.iter().copied()).bind_all(q);
+    let q = NewJobArrays::of(jobs).bind_all(q);
     let got: Vec<(Option<Uuid>, Option<i64>)> = q
         .bind(check.now)
         .bind(check.within_ms)
@@ -116,13 +116,11 @@ pub async fn wake<'e>(exec: impl PgExecutor<'e>, queues: &[String]) -> StoreResu
 /// The insert of new jobs and events, with `with` before its CTEs, `cond`
 /// on the jobs taken and `tail` after its answer.
 fn insert_jobs_sql(with: &str, cond: &str, tail: &str) -> String {
-    let types = EVENT_TYPES
+    let types: Vec<&str> = EVENT_TYPES
         .iter()
-        .chain(NEW_JOB_COLUMNS.iter().map(|(_, t)| t))
-        .enumerate()
-        .map(|(i, t)| format!("${}::{t}[]", i + 1))
-        .collect::<Vec<_>>()
-        .join(", ");
+        .copied()
+        .chain(NEW_JOB_COLUMNS.iter().map(|(_, t)| *t))
+        .collect();
     let names = NEW_JOB_COLUMNS
         .iter()
         .map(|(c, _)| *c)
@@ -133,24 +131,41 @@ fn insert_jobs_sql(with: &str, cond: &str, tail: &str) -> String {
         .map(|c| format!("u.{}", c.trim()))
         .collect::<Vec<_>>()
         .join(", ");
-    // The job as `apply` makes it of its first event: what the event holds
-    // comes from the event's arrays, the rest from `NEW_JOB_COLUMNS`; the
-    // statement checks (`jobs_need_event_insert`) compare the two as for
-    // any other insert.
-    let job = "u.job_id, u.queue, u.kind, u.job_key, u.epoch, u.token, u.run, u.attempt, u.to_state, \
-               u.priority, u.data -> 'payload', u.payload_digest, u.data -> 'policy', u.run_at, \
-               NULL::timestamptz, NULL::text, u.next_action, NULL::text, NULL::text, NULL::timestamptz, \
-               u.result, NULL::jsonb, NULL::jsonb, u.reason, u.recorded_at, u.recorded_at, u.version, \
-               u.hash, u.workflow, u.admission, u.traceparent";
+    let job = JOB_COLUMNS
+        .split(',')
+        .map(|c| new_job_column(c.trim()))
+        .collect::<Vec<_>>()
+        .join(", ");
     format!(
-        "WITH {with}u AS MATERIALIZED (SELECT * FROM UNNEST({types}) AS u({EVENT_COLUMNS}, {names})), \
+        "WITH {with}u AS MATERIALIZED (SELECT * FROM {} AS u({EVENT_COLUMNS}, {names})), \
               j AS (INSERT INTO jobledger.jobs ({JOB_COLUMNS}) SELECT {job} FROM u WHERE {cond} \
                     ON CONFLICT (queue, job_key) WHERE job_key IS NOT NULL DO NOTHING RETURNING job_id), \
               e AS (INSERT INTO jobledger.events ({EVENT_COLUMNS}) \
                     SELECT {events} FROM u WHERE u.job_id IN (SELECT job_id FROM j) \
                     ORDER BY u.job_id RETURNING job_id, position) \
-         SELECT job_id, position FROM e{tail}"
+         SELECT job_id, position FROM e{tail}",
+        unnest(&types, 1)
     )
+}
+
+/// A new job's `column`, as `apply` makes it of its first event (row `u` of
+/// the insert: the event's columns and `NEW_JOB_COLUMNS`): what the event
+/// holds comes from it, a new job's lease, receipt, release and error are
+/// empty. The statement checks (`jobs_need_event_insert`) compare the two
+/// as for any other insert, and `verify` compares the row with its replay.
+fn new_job_column(column: &str) -> String {
+    match column {
+        c if NEW_JOB_COLUMNS.iter().any(|(n, _)| *n == c) => format!("u.{c}"),
+        "job_id" | "epoch" | "token" | "run" | "attempt" | "reason" | "version" => format!("u.{column}"),
+        "state" => "u.to_state".into(),
+        "created_at" | "updated_at" => "u.recorded_at".into(),
+        "last_hash" => "u.hash".into(),
+        "payload" | "policy" => format!("u.data -> '{column}'"),
+        "lease_until" | "receipt_deadline" => "NULL::timestamptz".into(),
+        "holder" | "step" | "receipt_id" => "NULL::text".into(),
+        "release" | "last_error" => "NULL::jsonb".into(),
+        other => unreachable!("a new job's column {other} has no source"),
+    }
 }
 
 pub async fn find_job<'e>(exec: impl PgExecutor<'e>, job_id: Uuid) -> StoreResult<Option<JobRow>> {
