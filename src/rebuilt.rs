@@ -94,6 +94,10 @@ impl Projection for JobsRebuilt {
                 if current.is_some_and(|(j, _)| j.version >= e.version) {
                     continue;
                 }
+                // An event this code cannot read (a newer schema, say) still
+                // fails the batch: no later event can make the job right, and
+                // an upgrade can. An event it reads but `apply` refuses is
+                // evidence, below.
                 let ev = to_row(e).into_event().map_err(|err| refused(err.to_string()))?;
                 let next = match apply(current.map(|(j, _)| j), &ev) {
                     Ok(next) => next,

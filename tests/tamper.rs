@@ -280,6 +280,19 @@ async fn verify_finds_forged_and_edited_tombstones() {
     assert_eq!(report.problems.len(), 3, "{:?}", report.problems);
 }
 
+/// Claims `job` (the next due job, token 1), forges token 99 on its row with
+/// the triggers off, and completes it through a lease resumed with that
+/// token: the write path takes the row as it finds it, so this commits.
+async fn completed_with_a_forged_token(db: &common::TestDb, job: Uuid) {
+    let honest = db.claim_one("w").await;
+    assert_eq!(honest.job_id(), job);
+    assert_eq!(honest.fence().token, 1);
+    db.around_the_log("UPDATE jobledger.jobs SET token = 99 WHERE job_id = $1", job)
+        .await;
+    let forged = jobledger::ledger::Lease::resume(db.ledger.clone(), job, honest.fence().epoch, 99, "w");
+    assert!(forged.complete(None).await.unwrap().committed());
+}
+
 /// A fencing token forged on the row (triggers off) and a lease resumed with
 /// it: the write path takes the row as it finds it, so the completion
 /// commits, with an event whose token does not follow from the event before
@@ -290,16 +303,7 @@ async fn verify_finds_forged_and_edited_tombstones() {
 async fn verify_finds_a_token_that_does_not_follow_from_the_event_before() {
     let db = fresh().await;
     let job = db.enqueue(Some("k-forged-token"), json!({"amount": 5})).await;
-    let honest = db.claim_one("w").await;
-    assert_eq!(honest.fence().token, 1);
-    db.around_the_log(
-        "UPDATE jobledger.jobs SET token = 99 WHERE job_id = $1",
-        job.job_id,
-    )
-    .await;
-    let forged =
-        jobledger::ledger::Lease::resume(db.ledger.clone(), job.job_id, honest.fence().epoch, 99, "w");
-    assert!(forged.complete(None).await.unwrap().committed());
+    completed_with_a_forged_token(&db, job.job_id).await;
     let report = db.ledger.verify(Some(job.job_id)).await.unwrap();
     assert!(!report.ok(), "verify found nothing");
     let details: Vec<&str> = report.problems.iter().map(|p| p.detail.as_str()).collect();
@@ -323,21 +327,7 @@ async fn a_refused_event_stops_only_its_own_job_in_jobs_rebuilt() {
     let db = fresh().await;
     let forged_job = db.enqueue(Some("k-forged"), json!({"amount": 5})).await;
     db.enqueue(Some("k-honest"), json!({"amount": 6})).await;
-    let honest = db.claim_one("w").await;
-    assert_eq!(honest.job_id(), forged_job.job_id);
-    db.around_the_log(
-        "UPDATE jobledger.jobs SET token = 99 WHERE job_id = $1",
-        forged_job.job_id,
-    )
-    .await;
-    let forged = jobledger::ledger::Lease::resume(
-        db.ledger.clone(),
-        forged_job.job_id,
-        honest.fence().epoch,
-        99,
-        "w",
-    );
-    assert!(forged.complete(None).await.unwrap().committed());
+    completed_with_a_forged_token(&db, forged_job.job_id).await;
     let other = db.claim_one("w2").await;
     assert!(other.complete(None).await.unwrap().committed());
     let reader = LogReader::open(db.ledger.pool().clone(), "projections")
