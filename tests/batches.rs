@@ -275,3 +275,59 @@ async fn a_row_that_kept_a_null_result_reads_as_none() {
     assert_eq!(db.job(done.job_id()).await.result, None);
     db.assert_verified().await;
 }
+
+/// A batch that waits for its rows' locks decides at the database clock read
+/// once it holds them, on both paths: a lease's copy (`lock_generations`)
+/// and a resumed lease read in full (`lock_jobs`). Review of issue 15: the
+/// clock was read as each row was scanned, before the wait, so a heartbeat
+/// queued behind a transaction that rolled back extended its lease from the
+/// past. The holder reads the clock only after the batch is seen waiting.
+#[tokio::test]
+async fn a_batch_that_waits_for_its_locks_decides_after_it_got_them() {
+    let db = fresh().await;
+    let [copy, other, _, _] = four_leases(&db, "w").await;
+    let resumed = Lease::resume(
+        db.ledger.clone(),
+        other.job_id(),
+        other.fence().epoch,
+        other.fence().token,
+        "a",
+    );
+    let mut holder = db.conn().await;
+    sqlx::query("BEGIN").execute(&mut holder).await.unwrap();
+    sqlx::query("SELECT 1 FROM jobledger.jobs WHERE job_id = ANY($1) FOR UPDATE")
+        .bind(vec![copy.job_id(), other.job_id()])
+        .execute(&mut holder)
+        .await
+        .unwrap();
+    let ledger = db.ledger.clone();
+    let (c, r) = (copy.clone(), resumed.clone());
+    let batch =
+        tokio::spawn(async move { Lease::heartbeat_many(&ledger, &[&c, &r], Duration::from_secs(60)).await });
+    common::eventually("the batch waits for the locks", || async {
+        db.count(
+            "SELECT count(*) FROM pg_stat_activity \
+             WHERE wait_event_type = 'Lock' AND datname = current_database()",
+        )
+        .await
+            > 0
+    })
+    .await;
+    let released: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("SELECT clock_timestamp()")
+        .fetch_one(&mut holder)
+        .await
+        .unwrap();
+    sqlx::query("ROLLBACK").execute(&mut holder).await.unwrap();
+    let answers = batch.await.unwrap().unwrap();
+    assert!(answers.iter().all(|a| a.committed()), "{answers:?}");
+    for id in [copy.job_id(), other.job_id()] {
+        let job = db.job(id).await;
+        assert!(
+            job.updated_at >= released,
+            "decided at {} before the lock was let go at {released}",
+            job.updated_at
+        );
+        assert!(job.lease_until.unwrap() >= released + chrono::Duration::seconds(60));
+    }
+    db.assert_verified().await;
+}

@@ -189,15 +189,30 @@ pub async fn find_job_by_key<'e>(
 /// Locks the rows (in id order, so two batches never deadlock) and reads the
 /// database clock after the locks are granted.
 pub async fn lock_jobs(conn: &mut PgConnection, ids: &[Uuid]) -> StoreResult<Vec<Locked>> {
-    let sql = format!(
-        "SELECT {JOB_COLUMNS}, clock_timestamp() AS db_now FROM jobledger.jobs \
-         WHERE job_id = ANY($1) ORDER BY job_id FOR UPDATE"
-    );
+    let sql = clock_after_locks(&format!(
+        "SELECT {JOB_COLUMNS} FROM jobledger.jobs WHERE job_id = ANY($1) ORDER BY job_id FOR UPDATE"
+    ));
     Ok(sqlx::query_as(&sql).bind(ids).fetch_all(conn).await?)
 }
 
+/// `select` (rows of `jobledger.jobs` locked `FOR UPDATE`, which may wait),
+/// answered with the database clock read once every one of its rows is
+/// locked, as `db_now`, in `job_id` order. A clock read beside each row is
+/// read when the row is scanned, before the wait for its lock: a write
+/// waiting behind a transaction that then rolled back decided at a time as
+/// old as the wait (a heartbeat extended a lease from the past; review of
+/// issue 15). The count makes the locking scan finish before the clock is
+/// read.
+pub(super) fn clock_after_locks(select: &str) -> String {
+    format!(
+        "WITH l AS ({select}) SELECT l.*, t.db_now FROM l, \
+         (SELECT clock_timestamp() AS db_now FROM (SELECT count(*) FROM l) c) t ORDER BY l.job_id"
+    )
+}
+
 /// A locked row's generation: what the fenced update checks (epoch, token,
-/// state, version), the head of its chain, and the clock read under the lock.
+/// state, version), the head of its chain, and the clock read once the
+/// batch's rows are locked.
 #[derive(Debug, sqlx::FromRow)]
 pub struct Generation {
     pub job_id: Uuid,
@@ -213,10 +228,10 @@ pub struct Generation {
 /// For a caller that holds copies of the jobs (a worker's leases) and reads
 /// in full only the rows that moved since (`ledger::engine::transition_many`).
 pub async fn lock_generations(conn: &mut PgConnection, ids: &[Uuid]) -> StoreResult<Vec<Generation>> {
-    Ok(sqlx::query_as(
-        "SELECT job_id, epoch, token, state, version, last_hash, clock_timestamp() AS db_now \
+    Ok(sqlx::query_as(&clock_after_locks(
+        "SELECT job_id, epoch, token, state, version, last_hash \
          FROM jobledger.jobs WHERE job_id = ANY($1) ORDER BY job_id FOR UPDATE",
-    )
+    ))
     .bind(ids)
     .fetch_all(conn)
     .await?)

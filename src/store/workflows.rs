@@ -119,10 +119,10 @@ pub async fn lock_waiting(conn: &mut PgConnection, ids: &[Uuid]) -> StoreResult<
 /// and walked every waiting step of the database for each call (1.9 ms
 /// for 26 rows during the workflow bench, 0.7 ms by the key alone).
 fn lock_waiting_sql() -> String {
-    format!(
-        "SELECT {JOB_COLUMNS}, clock_timestamp() AS db_now FROM jobledger.jobs \
+    super::jobs::clock_after_locks(&format!(
+        "SELECT {JOB_COLUMNS} FROM jobledger.jobs \
          WHERE job_id = ANY($1) AND (state = 'waiting') IS TRUE ORDER BY job_id FOR UPDATE"
-    )
+    ))
 }
 
 /// The plan of `lock_waiting` for `ids` (the test that keeps it on the key).
