@@ -94,21 +94,29 @@ impl Projection for JobsRebuilt {
                 if current.is_some_and(|(j, _)| j.version >= e.version) {
                     continue;
                 }
-                // An event this code cannot read (a newer schema, say) still
-                // fails the batch: no later event can make the job right, and
-                // an upgrade can. An event it reads but `apply` refuses is
-                // evidence, below.
-                let ev = to_row(e).into_event().map_err(|err| refused(err.to_string()))?;
-                let next = match apply(current.map(|(j, _)| j), &ev) {
-                    Ok(next) => next,
-                    // An event `apply` refuses (written around the write
-                    // path: a forged token, an edited chain) leaves its job
-                    // at the last event it accepted, and so every later one
-                    // (each is refused for the gap). Failing the batch
-                    // instead stopped this projection for every job behind
-                    // it, for good. The job then differs from the inline
-                    // row, and `verify --rebuilt` names it; `verify` names
-                    // the event.
+                // An event of a schema newer than this build fails the
+                // batch: an upgrade reads it. Any other event that does not
+                // parse or that `apply` refuses was written around the write
+                // path (a forged token, edited data, an edited chain): it
+                // leaves its job at the last event it accepted, and so every
+                // later one (each is refused for the gap). Failing the batch
+                // instead stopped this projection for every job behind it,
+                // for good. The job then differs from the inline row, or is
+                // missing, and `verify --rebuilt` names it; `verify` names
+                // the event.
+                if e.schema > crate::domain::schema::CURRENT {
+                    return Err(refused(format!(
+                        "job {} v{}: event schema {} is newer than this build reads: upgrade jobledger",
+                        e.job_id, e.version, e.schema
+                    )));
+                }
+                let read = to_row(e).into_event().map_err(|err| err.to_string());
+                let (next, ev) = match read.and_then(|ev| {
+                    apply(current.map(|(j, _)| j), &ev)
+                        .map(|next| (next, ev))
+                        .map_err(|err| err.to_string())
+                }) {
+                    Ok(applied) => applied,
                     Err(err) => {
                         tracing::warn!(job_id = %e.job_id, version = e.version, %err,
                             "jobs_rebuilt: the log's event is refused; the job stays at its last accepted event");
@@ -178,11 +186,11 @@ impl crate::ledger::Ledger {
                 }
             }
         }
-        if jobs::count_jobs(self.pool()).await? != rebuilt.len() as i64 {
-            problems.push(problem(
-                Uuid::nil(),
-                "jobledger.jobs has jobs that jobs_rebuilt lacks",
-            ));
+        // Named one by one: a count said only that some were missing (a job
+        // whose first event `apply` refuses has no rebuilt row), and one
+        // extra row elsewhere could hide it.
+        for id in jobs::jobs_not_rebuilt(self.pool()).await? {
+            problems.push(problem(id, "in jobledger.jobs, missing from jobs_rebuilt"));
         }
         Ok(problems)
     }

@@ -350,3 +350,72 @@ async fn a_refused_event_stops_only_its_own_job_in_jobs_rebuilt() {
         .unwrap();
     assert_eq!(state, "succeeded");
 }
+
+/// A job whose first event `apply` refuses (forged counters) or that does
+/// not parse (forged data) has no row in `jobs_rebuilt`; the projection
+/// goes on with the others, and the comparison names both jobs (review of
+/// this change: it said only that some job was missing, under the nil id,
+/// and forged data stopped the projection for good).
+#[tokio::test]
+async fn jobs_whose_first_event_is_refused_are_named_missing_from_jobs_rebuilt() {
+    use jobledger::reader::LogReader;
+    use jobledger_projections::{runner::Runner, Projection};
+    let db = fresh().await;
+    let counters = db.enqueue(Some("k-counters"), json!({"amount": 5})).await;
+    let data = db.enqueue(Some("k-data"), json!({"amount": 7})).await;
+    db.enqueue(Some("k-good"), json!({"amount": 6})).await;
+    let mut conn = around_the_triggers(&db).await;
+    for (sql, id) in [
+        (
+            "UPDATE jobledger.events SET token = 4 WHERE job_id = $1 AND version = 1",
+            counters.job_id,
+        ),
+        (
+            "UPDATE jobledger.events SET data = '{\"queue\": 5}' WHERE job_id = $1 AND version = 1",
+            data.job_id,
+        ),
+    ] {
+        sqlx::query(sql).bind(id).execute(&mut conn).await.unwrap();
+    }
+    let reader = LogReader::open(db.ledger.pool().clone(), "projections")
+        .await
+        .unwrap();
+    let runner = Runner::new(db.ledger.pool().clone(), &reader, 1).await.unwrap();
+    let rebuilt: &dyn Projection = &jobledger::rebuilt::JobsRebuilt;
+    common::within("a catch-up", runner.catch_up(&[rebuilt]))
+        .await
+        .expect("a refused first event does not stop the projection");
+    let problems = db.ledger.compare_rebuilt().await.unwrap();
+    let named: Vec<(Uuid, &str)> = problems.iter().map(|p| (p.job_id, p.detail.as_str())).collect();
+    let missing = "in jobledger.jobs, missing from jobs_rebuilt";
+    assert_eq!(
+        named,
+        vec![(counters.job_id, missing), (data.job_id, missing)],
+        "{problems:?}"
+    );
+}
+
+/// An event of a schema newer than this build still stops `jobs_rebuilt`,
+/// saying to upgrade: no later event makes that job right, an upgrade does.
+#[tokio::test]
+async fn an_event_of_a_newer_schema_stops_jobs_rebuilt_asking_for_an_upgrade() {
+    use jobledger::reader::LogReader;
+    use jobledger_projections::{runner::Runner, Projection};
+    let db = fresh().await;
+    let job = db.enqueue(Some("k-newer"), json!({"amount": 5})).await;
+    let mut conn = around_the_triggers(&db).await;
+    sqlx::query("UPDATE jobledger.events SET schema = 99 WHERE job_id = $1 AND version = 1")
+        .bind(job.job_id)
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    let reader = LogReader::open(db.ledger.pool().clone(), "projections")
+        .await
+        .unwrap();
+    let runner = Runner::new(db.ledger.pool().clone(), &reader, 10).await.unwrap();
+    let rebuilt: &dyn Projection = &jobledger::rebuilt::JobsRebuilt;
+    let err = common::within("a catch-up", runner.catch_up(&[rebuilt]))
+        .await
+        .expect_err("an unreadable schema stops the projection");
+    assert!(err.to_string().contains("upgrade jobledger"), "{err}");
+}

@@ -462,8 +462,13 @@ pub async fn rebuilt_jobs<'e>(exec: impl PgExecutor<'e>) -> StoreResult<Vec<(Uui
     )
 }
 
-pub async fn count_jobs<'e>(exec: impl PgExecutor<'e>) -> StoreResult<i64> {
-    Ok(sqlx::query_scalar("SELECT count(*) FROM jobledger.jobs")
-        .fetch_one(exec)
-        .await?)
+/// Jobs of `jobledger.jobs` without a live row in `jobs_rebuilt`.
+pub async fn jobs_not_rebuilt<'e>(exec: impl PgExecutor<'e>) -> StoreResult<Vec<Uuid>> {
+    Ok(sqlx::query_scalar(
+        "SELECT j.job_id FROM jobledger.jobs j WHERE NOT EXISTS \
+         (SELECT 1 FROM jobledger_proj.jobs_rebuilt r WHERE r.job_id = j.job_id AND NOT r.purged) \
+         ORDER BY j.job_id",
+    )
+    .fetch_all(exec)
+    .await?)
 }
