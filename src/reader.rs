@@ -24,7 +24,7 @@ use uuid::Uuid;
 
 use crate::domain::Event;
 use crate::ledger::LedgerResult;
-use crate::store::readers::{self, LoggedEvent};
+use crate::store::readers::{self, DataAs, LoggedEvent};
 
 /// Everything at or before `(txid, position)` in the reader's order was handled.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Serialize)]
@@ -39,6 +39,10 @@ pub struct Checkpoint {
 pub struct LogEvent {
     pub position: i64,
     pub row: crate::store::EventRow,
+    /// Read by `LogReader::read_raw`: the event's data as stored, unparsed
+    /// (`row.data` is then JSON `null`). `None` otherwise, and on a version
+    /// handed out early, whose `row.data` is parsed.
+    pub raw_data: Option<Box<serde_json::value::RawValue>>,
 }
 
 impl LogEvent {
@@ -98,6 +102,7 @@ fn to_log(e: LoggedEvent) -> LogEvent {
     LogEvent {
         position: e.row.position,
         row: e.row,
+        raw_data: e.raw_data.map(|j| j.0),
     }
 }
 
@@ -202,8 +207,19 @@ impl LogReader {
         limit: i64,
         data_of: Option<&[&str]>,
     ) -> LedgerResult<Batch> {
+        self.read_as(after, limit, DataAs::Parsed(data_of)).await
+    }
+
+    /// `read`, with each event's data unparsed in `raw_data` (a version
+    /// handed out early comes parsed, in `row.data`): for a reader that
+    /// passes the data on as it is (the relay).
+    pub async fn read_raw(&self, after: Checkpoint, limit: i64) -> LedgerResult<Batch> {
+        self.read_as(after, limit, DataAs::Raw).await
+    }
+
+    async fn read_as(&self, after: Checkpoint, limit: i64, data: DataAs<'_>) -> LedgerResult<Batch> {
         let mut conn = self.pool.acquire().await?;
-        let rows = readers::events_after(&mut conn, after.txid, after.position, limit, data_of).await?;
+        let rows = readers::events_after(&mut conn, after.txid, after.position, limit, data).await?;
         let Some(last) = rows.last() else {
             return Ok(Batch {
                 next: after,
@@ -215,7 +231,7 @@ impl LogReader {
             position: last.row.position,
         };
         let mut early = left_out(&mut conn, after, next, &rows).await?;
-        if let Some(kinds) = data_of {
+        if let DataAs::Parsed(Some(kinds)) = data {
             for e in early.iter_mut().filter(|e| !kinds.contains(&e.row.kind.as_str())) {
                 e.row.data = serde_json::Value::Null;
             }

@@ -143,6 +143,66 @@ async fn relay_killed_between_produce_and_checkpoint_resends_and_consumers_drop_
     within("the relay stops", relay).await.unwrap();
 }
 
+/// Issue 15: the relay sends the next batch while it waits for the broker to
+/// acknowledge the one before (waiting first left the broker idle for a
+/// round trip per batch), and still moves the checkpoint only past what
+/// was acknowledged, in order. The first batch is held after its
+/// acknowledgement, before its checkpoint: every event must reach the
+/// broker meanwhile, and the checkpoint must not have moved at all.
+#[tokio::test]
+async fn the_relay_sends_the_next_batch_before_the_checkpoint_moves_past_the_last() {
+    let db = fresh().await;
+    let topic = topic();
+    for i in 0..10 {
+        db.enqueue(None, json!({"i": i})).await;
+    }
+    let (held_tx, mut held_rx) = mpsc::channel::<usize>(1);
+    let go = Arc::new(tokio::sync::Notify::new());
+    let first = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let mut cfg = relay_cfg(&topic);
+    cfg.batch = 5;
+    let g = go.clone();
+    cfg.hooks = RelayHooks {
+        after_produce: Some(Arc::new(move |n| {
+            let (tx, go) = (held_tx.clone(), g.clone());
+            let hold = first.swap(false, std::sync::atomic::Ordering::SeqCst);
+            Box::pin(async move {
+                if hold {
+                    let _ = tx.send(n).await;
+                    go.notified().await;
+                }
+            }) as BoxFuture<()>
+        })),
+    };
+    let (stop, relay, _) = spawn_relay(&db, cfg);
+    let held = within("the first batch is acknowledged", held_rx.recv())
+        .await
+        .unwrap();
+    assert!((1..=5).contains(&held), "{held}");
+    let msgs = within(
+        "the later batches reach the broker while the first one's checkpoint waits",
+        read_ledger_from_topic(&db, &topic),
+    )
+    .await;
+    assert_eq!(assert_in_order(&msgs).len(), 10);
+    let reader = LogReader::open(db.ledger.pool().clone(), &format!("relay:{topic}"))
+        .await
+        .unwrap();
+    assert_eq!(
+        reader.checkpoint().await.unwrap(),
+        Default::default(),
+        "nothing is checkpointed before the first batch's turn"
+    );
+    go.notify_one();
+    let end = reader.read(Default::default(), 100).await.unwrap().next;
+    eventually("the checkpoint passes every batch", || async {
+        reader.checkpoint().await.unwrap() == end
+    })
+    .await;
+    stop.cancel();
+    within("the relay stops", relay).await.unwrap();
+}
+
 /// A zombie relay (its lease taken over) cannot move the checkpoint.
 #[tokio::test]
 async fn a_zombie_relay_cannot_move_the_checkpoint() {

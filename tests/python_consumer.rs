@@ -75,6 +75,7 @@ async fn the_python_consumer_fences_by_key() {
         let ev = jobledger::reader::LogEvent {
             position: row.position,
             row: row.clone(),
+            raw_data: None,
         };
         let m = message(&ev, &j.queue, j.job_key.as_deref(), None);
         let headers: Vec<(&str, &str)> = m.headers.iter().map(|(k, v)| (*k, v.as_str())).collect();

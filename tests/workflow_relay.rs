@@ -128,7 +128,9 @@ async fn step_messages_carry_their_parent_and_step_name() {
 /// Issue 15: the relay reads a job's queue, key and workflow tie off its
 /// `enqueued` event instead of looking the job up. For a plain job, a keyed
 /// one, a keyed workflow's parent and its steps (one keyed), what it reads
-/// must equal what the lookup returns.
+/// must equal what the lookup returns, whether the event's data was read
+/// parsed or unparsed (`read_raw`, the relay's read); and a message made
+/// from either carries the same JSON.
 #[tokio::test]
 async fn the_relays_keys_read_off_an_enqueued_event_equal_the_jobs_own() {
     use jobledger::reader::{Checkpoint, LogReader};
@@ -148,18 +150,42 @@ async fn the_relays_keys_read_off_an_enqueued_event_equal_the_jobs_own() {
     };
     db.ledger.workflow(&spec).await.unwrap();
     let reader = LogReader::source(db.ledger.pool().clone());
+    // Read both ways: parsed, and unparsed as the relay reads (issue 15).
     // A batch may come back short: read to the end.
-    let (mut events, mut at) = (vec![], Checkpoint::default());
-    loop {
-        let batch = reader.read(at, 100).await.unwrap();
-        if batch.events.is_empty() {
-            break;
+    let mut both = vec![];
+    for raw in [false, true] {
+        let (mut events, mut at) = (vec![], Checkpoint::default());
+        loop {
+            let batch = if raw {
+                reader.read_raw(at, 100).await.unwrap()
+            } else {
+                reader.read(at, 100).await.unwrap()
+            };
+            if batch.events.is_empty() {
+                break;
+            }
+            at = batch.next;
+            events.extend(batch.events);
         }
-        at = batch.next;
-        events.extend(batch.events);
+        assert_eq!(
+            events.iter().filter(|e| e.raw_data.is_some()).count(),
+            if raw { events.len() } else { 0 },
+            "read_raw leaves each event's data unparsed, read parses it"
+        );
+        both.push(events);
     }
-    let firsts: Vec<_> = events.iter().filter(|e| e.version() == 1).collect();
-    assert_eq!(firsts.len(), 5, "two jobs, a parent and two steps");
+    let (parsed, raw) = (&both[0], &both[1]);
+    assert_eq!(parsed.len(), raw.len());
+    for (p, r) in parsed.iter().zip(raw) {
+        // The same message either way: the body's data is the same JSON.
+        let body = |e: &jobledger::reader::LogEvent| -> serde_json::Value {
+            serde_json::from_slice(&jobledger::relay::message::message(e, "q", None, None).body).unwrap()
+        };
+        assert_eq!(body(p), body(r), "{} v{}", p.job_id(), p.version());
+        assert_eq!(body(r)["data"], p.row.data);
+    }
+    let firsts: Vec<_> = parsed.iter().chain(raw).filter(|e| e.version() == 1).collect();
+    assert_eq!(firsts.len(), 10, "two jobs, a parent and two steps; read twice");
     for e in firsts {
         let read = keys_of_enqueued(e).expect("an enqueued event states its keys");
         let looked_up = jobledger::store::jobs::job_keys(db.ledger.pool(), &[e.job_id()])

@@ -1,8 +1,11 @@
-//! The relay's feed: reads the log and encodes each batch's messages on a
-//! task of its own, one batch ahead of the loop that publishes them.
+//! The relay's feed: reads the log and finds each event's job keys on a
+//! task of its own, a batch ahead of the task that encodes and sends it
+//! (`send.rs`), which is itself ahead of the loop that waits for the
+//! broker's acknowledgements and moves the checkpoint.
 
 use sqlx::postgres::PgListener;
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -13,8 +16,12 @@ use crate::ledger::{Ledger, LedgerError};
 use crate::reader::{Batch, Checkpoint, LogEvent, LogReader};
 use crate::store::jobs::{self, JobKeys};
 
-/// A batch and its messages, in the batch's order.
-pub(super) type Encoded = (Batch, Vec<message::Message>);
+/// A batch read, with each event's job keys (its queue, key and workflow
+/// tie) in the batch's order; `None` for a job the log no longer names.
+pub(super) struct Read {
+    pub batch: Batch,
+    pub keys: Vec<Option<Arc<JobKeys>>>,
+}
 
 pub(super) struct Feed {
     pub ledger: Ledger,
@@ -37,25 +44,26 @@ impl Drop for AbortOnDrop {
 impl Feed {
     /// Hands out every non-empty batch after `from`, in order, until the
     /// shutdown or the receiver goes away. An error is handed out too, and
-    /// ends the feed (the session then ends and starts again).
+    /// ends the feed (the session then ends and starts again from the
+    /// database checkpoint).
     pub async fn run(
         mut self,
         from: Checkpoint,
-        out: mpsc::Sender<Result<Encoded, RelayError>>,
+        out: mpsc::Sender<Result<Read, RelayError>>,
         shutdown: CancellationToken,
     ) {
         let mut at = from;
         let mut keys = KeyCache::default();
         let mut last_pin_report = Instant::now() - Duration::from_secs(60);
         while !shutdown.is_cancelled() {
-            let encoded = match self.encoded(at, &mut keys).await {
+            let read = match self.read(at, &mut keys).await {
                 Ok(e) => e,
                 Err(e) => {
                     let _ = out.send(Err(e)).await;
                     return;
                 }
             };
-            if encoded.0.events.is_empty() {
+            if read.batch.events.is_empty() {
                 if last_pin_report.elapsed() > Duration::from_secs(10) {
                     report_pin(&self.reader, at).await;
                     last_pin_report = Instant::now();
@@ -69,19 +77,19 @@ impl Feed {
                 }
                 continue;
             }
-            at = encoded.0.next;
-            if out.send(Ok(encoded)).await.is_err() {
+            at = read.batch.next;
+            if out.send(Ok(read)).await.is_err() {
                 return;
             }
         }
     }
 
-    /// The batch after `from` with its messages encoded (the queue, key and
-    /// workflow tie of each job found in `keys`, else looked up).
-    async fn encoded(&self, from: Checkpoint, keys: &mut KeyCache) -> Result<Encoded, RelayError> {
-        let batch = self.reader.read(from, self.batch).await?;
+    /// The batch after `from` with each event's keys, found in `keys`, else
+    /// looked up.
+    async fn read(&self, from: Checkpoint, keys: &mut KeyCache) -> Result<Read, RelayError> {
+        let batch = self.reader.read_raw(from, self.batch).await?;
         if batch.events.is_empty() {
-            return Ok((batch, vec![]));
+            return Ok(Read { batch, keys: vec![] });
         }
         keys.learn(&batch.events);
         let mut ids: Vec<Uuid> = batch
@@ -96,19 +104,14 @@ impl Feed {
             let found = jobs::job_keys(self.ledger.pool(), &ids)
                 .await
                 .map_err(LedgerError::from)?;
-            keys.0.extend(found.into_iter().map(|k| (k.job_id, k)));
+            keys.0.extend(found.into_iter().map(|k| (k.job_id, Arc::new(k))));
         }
-        let messages = batch
+        let keys = batch
             .events
             .iter()
-            .map(|e| {
-                let k = keys.0.get(&e.row.job_id);
-                let queue = k.map_or("", |k| k.queue.as_str());
-                let tie = k.and_then(|k| k.parent.as_deref().zip(k.step.as_deref()));
-                message::message(e, queue, k.and_then(|k| k.job_key.as_deref()), tie)
-            })
+            .map(|e| keys.0.get(&e.row.job_id).cloned())
             .collect();
-        Ok((batch, messages))
+        Ok(Read { batch, keys })
     }
 }
 
@@ -117,7 +120,7 @@ impl Feed {
 /// looked up once (a query per batch was a quarter of the relay's time).
 /// Emptied when it would pass `KEY_CACHE_JOBS`, so its memory stays bounded.
 #[derive(Default)]
-struct KeyCache(HashMap<Uuid, JobKeys>);
+struct KeyCache(HashMap<Uuid, Arc<JobKeys>>);
 
 const KEY_CACHE_JOBS: usize = 200_000;
 
@@ -128,7 +131,7 @@ impl KeyCache {
         }
         for e in events.iter().filter(|e| e.row.version == 1) {
             if let Some(k) = message::keys_of_enqueued(e) {
-                self.0.insert(k.job_id, k);
+                self.0.insert(k.job_id, Arc::new(k));
             }
         }
     }

@@ -10,6 +10,8 @@
 //! Body: the whole event, hash included, plus queue and key (and the step's
 //! `workflow` and `step`), so a consumer can rebuild workflow trees.
 
+use serde::Deserialize;
+use serde_json::value::RawValue;
 use serde_json::Value;
 
 use crate::domain::digest::fmt_time;
@@ -45,13 +47,23 @@ struct Body<'a> {
     error_class: Option<&'a str>,
     actor: &'a str,
     recorded_at: String,
-    data: &'a Value,
+    data: Data<'a>,
     prev_hash: Option<&'a str>,
     hash: &'a str,
     #[serde(skip_serializing_if = "Option::is_none")]
     workflow: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     step: Option<&'a str>,
+}
+
+/// An event's data in a body: as read (the relay reads it unparsed), or
+/// printed from the parsed value. The same JSON either way; only the
+/// spacing and the order of keys may differ, which no reader of JSON sees.
+#[derive(serde::Serialize)]
+#[serde(untagged)]
+enum Data<'a> {
+    Raw(&'a RawValue),
+    Parsed(&'a Value),
 }
 
 /// `step`: the parent's id and the step's name, for a workflow step.
@@ -75,7 +87,10 @@ pub fn message(e: &LogEvent, queue: &str, job_key: Option<&str>, step: Option<(&
         error_class: r.error_class.as_deref(),
         actor: &r.actor,
         recorded_at: fmt_time(r.recorded_at),
-        data: &r.data,
+        data: match &e.raw_data {
+            Some(raw) => Data::Raw(raw),
+            None => Data::Parsed(&r.data),
+        },
         prev_hash: r.prev_hash.as_deref(),
         hash: &r.hash,
         workflow: step.map(|s| s.0),
@@ -116,20 +131,37 @@ pub fn keys_of_enqueued(e: &LogEvent) -> Option<crate::store::jobs::JobKeys> {
     if r.version != 1 || r.kind != "enqueued" {
         return None;
     }
-    let text = |v: Option<&Value>| -> Result<Option<String>, ()> {
-        match v {
-            None | Some(Value::Null) => Ok(None),
-            Some(Value::String(s)) => Ok(Some(s.clone())),
-            Some(_) => Err(()),
-        }
+    // Only these fields are read off the data (the rest is skipped, not
+    // built); a shape that does not fit is left to the lookup.
+    #[derive(serde::Deserialize)]
+    struct Enqueued {
+        queue: String,
+        #[serde(default)]
+        job_key: Option<String>,
+        #[serde(default)]
+        workflow: Option<Tie>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Tie {
+        #[serde(default)]
+        parent: Option<String>,
+        #[serde(default)]
+        step: Option<String>,
+    }
+    let d: Enqueued = match &e.raw_data {
+        Some(raw) => serde_json::from_str(raw.get()).ok()?,
+        None => Enqueued::deserialize(&r.data).ok()?,
     };
-    let tie = r.data.get("workflow");
+    let tie = d.workflow.unwrap_or(Tie {
+        parent: None,
+        step: None,
+    });
     Some(crate::store::jobs::JobKeys {
         job_id: r.job_id,
-        queue: r.data.get("queue")?.as_str()?.to_string(),
-        job_key: text(r.data.get("job_key")).ok()?,
-        parent: text(tie.and_then(|t| t.get("parent"))).ok()?,
-        step: text(tie.and_then(|t| t.get("step"))).ok()?,
+        queue: d.queue,
+        job_key: d.job_key,
+        parent: tie.parent,
+        step: tie.step,
     })
 }
 

@@ -5,13 +5,13 @@
 
 mod feed;
 pub mod message;
+mod send;
 
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
+use rdkafka::producer::{FutureProducer, Producer};
 use sqlx::postgres::PgListener;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -20,7 +20,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::ledger::{Ledger, LedgerError};
 use crate::reader::{LogReader, ReaderLease};
-use crate::telemetry::{self, ItemSpan};
+use crate::telemetry::ItemSpan;
 use crate::worker::BoxFuture;
 
 #[derive(Debug, thiserror::Error)]
@@ -177,12 +177,18 @@ impl Relay {
             }
         }
         let from = reader.checkpoint().await?;
-        // The feed reads and encodes batches on its own task, so the next
-        // one is prepared on the other core while this loop hands one to the
-        // producer and waits for its acknowledgements. It only reads: the
-        // checkpoint moves here, after every acknowledgement, and the feed
-        // ends with the session (a failed session starts again from the
-        // database checkpoint).
+        // Three stages, each on its own task and a batch ahead of the next:
+        // the feed reads the log, the sender encodes a batch and hands it
+        // to the producer, and this loop waits for the broker's
+        // acknowledgements and moves the checkpoint. So batch n+1 is read
+        // and sent while batch n is acknowledged (waiting for n before
+        // sending n+1 left the broker idle for a round trip per batch, and
+        // one task for all three left a core idle). Only this loop moves
+        // the checkpoint, in order, once every message up to it is
+        // acknowledged. Batches sent ahead of a failure are sent again by
+        // the next session, from the database checkpoint; consumers drop
+        // the copies by their fence, as after any restart.
+        let (to_send, reads) = tokio::sync::mpsc::channel(1);
         let (tx, mut batches) = tokio::sync::mpsc::channel(1);
         let feed = feed::Feed {
             ledger: self.ledger.clone(),
@@ -191,7 +197,13 @@ impl Relay {
             poll: self.cfg.poll,
             listener,
         };
-        let _stop_feed = feed::AbortOnDrop(tokio::spawn(feed.run(from, tx, shutdown.clone())).abort_handle());
+        let sender = send::Sender {
+            producer: producer.clone(),
+            topic: self.cfg.topic.clone(),
+        };
+        let _stop_feed =
+            feed::AbortOnDrop(tokio::spawn(feed.run(from, to_send, shutdown.clone())).abort_handle());
+        let _stop_sender = feed::AbortOnDrop(tokio::spawn(sender.run(reads, tx)).abort_handle());
         let mut renewed = Instant::now();
         while !shutdown.is_cancelled() {
             if renewed.elapsed() > self.cfg.lease / 3 {
@@ -209,12 +221,12 @@ impl Relay {
                 if shutdown.is_cancelled() {
                     break;
                 }
-                // The feed ended without a word: it panicked. The session
-                // fails and starts again, as it did when reading was inline.
+                // The feed or the sender ended without a word: it panicked.
+                // The session fails and starts again, as it did when
+                // reading was inline.
                 return Err(RelayError::Delivery("the relay's log feed stopped".into()));
             };
-            let (current, messages) = next?;
-            let pending = self.send(&producer, &current.events, messages).await?;
+            let (current, pending) = next?;
             self.acks(&producer, pending).await?;
             if let Some(h) = &self.cfg.hooks.after_produce {
                 h(current.events.len()).await;
@@ -235,51 +247,6 @@ impl Relay {
         } else {
             Err(RelayError::LeaseLost)
         }
-    }
-
-    /// Hands the batch's messages to the producer (in order); returns their
-    /// deliveries. Each gets its publish span here, when it is published.
-    async fn send(
-        &self,
-        producer: &FutureProducer,
-        events: &[crate::reader::LogEvent],
-        messages: Vec<message::Message>,
-    ) -> Result<Vec<Pending>, RelayError> {
-        let mut pending = Vec::with_capacity(events.len());
-        for (e, mut m) in events.iter().zip(messages) {
-            let span = publish_span(e, &m.queue);
-            // The consumer's span is a child of this publish, or (relay
-            // not tracing) of the write that made the event.
-            if let Some(tp) = span.traceparent().or(e.row.trace.as_deref()) {
-                m.headers.push((telemetry::TRACEPARENT, tp.to_owned()));
-            }
-            let mut headers = OwnedHeaders::new_with_capacity(m.headers.len());
-            for (k, v) in &m.headers {
-                headers = headers.insert(Header {
-                    key: k,
-                    value: Some(v.as_bytes()),
-                });
-            }
-            let mut record = FutureRecord::to(&self.cfg.topic)
-                .key(&m.key)
-                .payload(&m.body)
-                .headers(headers);
-            loop {
-                match producer.send_result(record) {
-                    Ok(f) => {
-                        pending.push((e.position, f, span));
-                        break;
-                    }
-                    Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r)) => {
-                        record = r;
-                        producer.poll(Duration::from_millis(10));
-                        tokio::task::yield_now().await;
-                    }
-                    Err((e, _)) => return Err(e.into()),
-                }
-            }
-        }
-        Ok(pending)
     }
 
     /// Waits until the broker acknowledged every message of a batch.
@@ -312,17 +279,4 @@ impl Relay {
 
 /// A message handed to the producer: its position, its delivery, and its
 /// publish span (ended at the broker's acknowledgement).
-type Pending = (i64, rdkafka::producer::DeliveryFuture, ItemSpan);
-
-/// `jobledger.publish`, a child of the span that wrote the event; none for
-/// an event written without tracing (nothing to continue).
-fn publish_span(e: &crate::reader::LogEvent, queue: &str) -> ItemSpan {
-    let Some(parent) = e.row.trace.as_deref().filter(|_| telemetry::enabled()) else {
-        return ItemSpan::none();
-    };
-    let mut attrs = telemetry::job_attrs(e.row.job_id, e.row.epoch, e.row.token);
-    attrs.push(opentelemetry::KeyValue::new("position", e.position));
-    attrs.push(opentelemetry::KeyValue::new("type", e.row.kind.clone()));
-    attrs.push(opentelemetry::KeyValue::new("queue", queue.to_string()));
-    ItemSpan::start("jobledger.publish", Some(parent), attrs)
-}
+pub(super) type Pending = (i64, rdkafka::producer::DeliveryFuture, ItemSpan);

@@ -28,6 +28,22 @@ pub struct LoggedEvent {
     pub txid: i64,
     #[sqlx(flatten)]
     pub row: EventRow,
+    /// The event's data as PostgreSQL prints it, unparsed, when read with
+    /// `DataAs::Raw` (`row.data` is then JSON `null`).
+    #[sqlx(default)]
+    pub raw_data: Option<sqlx::types::Json<Box<serde_json::value::RawValue>>>,
+}
+
+/// How `events_after` reads each event's `data`.
+#[derive(Clone, Copy, Debug)]
+pub enum DataAs<'a> {
+    /// Parsed, on events of these kinds (JSON `null` on the others); `None`:
+    /// on all.
+    Parsed(Option<&'a [&'a str]>),
+    /// Unparsed, for a reader that passes it on as it is (the relay):
+    /// building a `serde_json::Value` only to print it again was a third
+    /// of the relay's own time.
+    Raw,
 }
 
 pub async fn ensure_reader<'e>(exec: impl PgExecutor<'e>, name: &str) -> StoreResult<()> {
@@ -140,8 +156,12 @@ pub async fn events_after(
     txid: i64,
     position: i64,
     limit: i64,
-    data_of: Option<&[&str]>,
+    data: DataAs<'_>,
 ) -> StoreResult<Vec<LoggedEvent>> {
+    let (data_of, raw) = match data {
+        DataAs::Parsed(kinds) => (kinds, false),
+        DataAs::Raw => (None, true),
+    };
     let sql = format!(
         // `ORDER BY e.txid`, not the bigint alias: ordering by the alias
         // would sort the whole tail instead of walking the index.
@@ -150,6 +170,7 @@ pub async fn events_after(
          ORDER BY e.txid, e.position LIMIT $3",
         qualified_with(|c| {
             match c {
+            "data" if raw => "'null'::jsonb AS data, e.data AS raw_data".to_string(),
             "data" => "CASE WHEN $4::text[] IS NULL OR e.type = ANY($4::text[]) THEN e.data ELSE 'null'::jsonb END AS data"
                 .to_string(),
             c => format!("e.{c}"),
