@@ -203,6 +203,35 @@ async fn the_relay_sends_the_next_batch_before_the_checkpoint_moves_past_the_las
     within("the relay stops", relay).await.unwrap();
 }
 
+/// Issue 15 review (helper-30): an event as large as the ledger accepts
+/// reaches the broker, and so does every event behind it. A payload of
+/// 400,000 zeros is 800 KB of compact JSON but 1.2 MB as jsonb prints it,
+/// which the relay then passed on; and a payload near the 1 MiB limit
+/// made a body above librdkafka's default `message.max.bytes` (1,000,000).
+/// Either failed its batch at every try, and the relay stopped there.
+#[tokio::test]
+async fn the_relay_publishes_events_as_large_as_the_ledger_accepts() {
+    let db = fresh().await;
+    let topic = topic();
+    db.enqueue(None, json!({"small": 1})).await;
+    let zeros = db.enqueue(None, json!(vec![0; 400_000])).await;
+    let long = db.enqueue(None, json!("x".repeat(1_040_000))).await;
+    db.enqueue(None, json!({"small": 2})).await;
+    let (stop, relay, counters) = spawn_relay(&db, relay_cfg(&topic));
+    let msgs = within(
+        "every event, the large ones and the one behind them, reaches the broker",
+        read_ledger_from_topic(&db, &topic),
+    )
+    .await;
+    assert_eq!(assert_in_order(&msgs).len(), 4);
+    for job in [zeros.job_id, long.job_id] {
+        assert!(msgs.iter().any(|(_, v, j)| *v == 1 && *j == job.to_string()));
+    }
+    assert_eq!(counters.failures.load(std::sync::atomic::Ordering::Relaxed), 0);
+    stop.cancel();
+    within("the relay stops", relay).await.unwrap();
+}
+
 /// A zombie relay (its lease taken over) cannot move the checkpoint.
 #[tokio::test]
 async fn a_zombie_relay_cannot_move_the_checkpoint() {

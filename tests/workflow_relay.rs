@@ -198,4 +198,18 @@ async fn the_relays_keys_read_off_an_enqueued_event_equal_the_jobs_own() {
             .collect::<Vec<_>>();
         assert_eq!(vec![got], want);
     }
+    // A shape the ledger never writes is left to the lookup, never read by
+    // position: data, or its workflow tie, as an array (review, helper-30).
+    let e = parsed.iter().find(|e| e.version() == 1).unwrap();
+    for data in [
+        json!(["q2", "k2", {"parent": "P", "step": "S"}]),
+        json!({"queue": "q", "job_key": "k", "workflow": ["P", "S"]}),
+    ] {
+        let mut forged = e.clone();
+        forged.row.data = data.clone();
+        assert!(keys_of_enqueued(&forged).is_none(), "{data}");
+        forged.row.data = serde_json::Value::Null;
+        forged.raw_data = Some(serde_json::value::RawValue::from_string(data.to_string()).unwrap());
+        assert!(keys_of_enqueued(&forged).is_none(), "raw {data}");
+    }
 }

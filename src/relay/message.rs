@@ -58,7 +58,10 @@ struct Body<'a> {
 
 /// An event's data in a body: as read (the relay reads it unparsed), or
 /// printed from the parsed value. The same JSON either way; only the
-/// spacing and the order of keys may differ, which no reader of JSON sees.
+/// spacing and the order of keys differ. The spacing is not free: jsonb
+/// prints `", "` and `": "`, up to half as long again as compact JSON, so
+/// data longer than `RAW_DATA_MAX` is printed compact (as before the relay
+/// read it unparsed), and a body is never larger than it was then.
 #[derive(serde::Serialize)]
 #[serde(untagged)]
 enum Data<'a> {
@@ -66,9 +69,19 @@ enum Data<'a> {
     Parsed(&'a Value),
 }
 
+/// The longest data passed on as read; longer data is rare, and parsed and
+/// printed compact (see `Data`).
+const RAW_DATA_MAX: usize = 64 * 1024;
+
 /// `step`: the parent's id and the step's name, for a workflow step.
 pub fn message(e: &LogEvent, queue: &str, job_key: Option<&str>, step: Option<(&str, &str)>) -> Message {
     let r = &e.row;
+    // Kept alive for the body when long data is printed compact.
+    let compact: Option<Value> = e
+        .raw_data
+        .as_ref()
+        .filter(|raw| raw.get().len() > RAW_DATA_MAX)
+        .and_then(|raw| serde_json::from_str(raw.get()).ok());
     let body = Body {
         schema: r.schema,
         job_id: &r.job_id,
@@ -87,9 +100,11 @@ pub fn message(e: &LogEvent, queue: &str, job_key: Option<&str>, step: Option<(&
         error_class: r.error_class.as_deref(),
         actor: &r.actor,
         recorded_at: fmt_time(r.recorded_at),
-        data: match &e.raw_data {
-            Some(raw) => Data::Raw(raw),
-            None => Data::Parsed(&r.data),
+        data: match (&compact, &e.raw_data) {
+            (Some(v), _) => Data::Parsed(v),
+            // Data too deep for serde_json's parser goes as read.
+            (None, Some(raw)) => Data::Raw(raw),
+            (None, None) => Data::Parsed(&r.data),
         },
         prev_hash: r.prev_hash.as_deref(),
         hash: &r.hash,
@@ -132,36 +147,40 @@ pub fn keys_of_enqueued(e: &LogEvent) -> Option<crate::store::jobs::JobKeys> {
         return None;
     }
     // Only these fields are read off the data (the rest is skipped, not
-    // built); a shape that does not fit is left to the lookup.
+    // built); a shape that does not fit is left to the lookup. serde reads
+    // a struct from an array too, by position, where the lookup (`->>`)
+    // reads nothing: the data and its tie must be objects.
     #[derive(serde::Deserialize)]
     struct Enqueued {
         queue: String,
         #[serde(default)]
         job_key: Option<String>,
         #[serde(default)]
-        workflow: Option<Tie>,
-    }
-    #[derive(serde::Deserialize)]
-    struct Tie {
-        #[serde(default)]
-        parent: Option<String>,
-        #[serde(default)]
-        step: Option<String>,
+        workflow: Option<serde_json::Map<String, Value>>,
     }
     let d: Enqueued = match &e.raw_data {
-        Some(raw) => serde_json::from_str(raw.get()).ok()?,
-        None => Enqueued::deserialize(&r.data).ok()?,
+        Some(raw) if raw.get().trim_start().starts_with('{') => serde_json::from_str(raw.get()).ok()?,
+        None if r.data.is_object() => Enqueued::deserialize(&r.data).ok()?,
+        _ => return None,
     };
-    let tie = d.workflow.unwrap_or(Tie {
-        parent: None,
-        step: None,
-    });
+    let text = |v: Option<&Value>| -> Result<Option<String>, ()> {
+        match v {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s.clone())),
+            Some(_) => Err(()),
+        }
+    };
+    let tie = d.workflow.as_ref();
+    let (parent, step) = (
+        text(tie.and_then(|t| t.get("parent"))).ok()?,
+        text(tie.and_then(|t| t.get("step"))).ok()?,
+    );
     Some(crate::store::jobs::JobKeys {
         job_id: r.job_id,
         queue: d.queue,
         job_key: d.job_key,
-        parent: tie.parent,
-        step: tie.step,
+        parent,
+        step,
     })
 }
 

@@ -95,8 +95,21 @@ pub struct Relay {
     counters: Arc<RelayCounters>,
 }
 
-fn producer(cfg: &RelayConfig) -> Result<FutureProducer, KafkaError> {
+/// The largest message the relay may have to send, in bytes: an event's
+/// body carries its data (a payload, result or observation up to the
+/// ledger's limit, with room for a second such value beside it) and about a
+/// kilobyte of envelope. librdkafka's default of 1,000,000 is below the
+/// ledger's default limit of 1 MiB: such an event failed its batch at every
+/// try, and the relay stopped there for good.
+fn max_message_bytes(limits: &crate::ledger::Limits) -> String {
+    (2 * limits.max_payload_bytes + 64 * 1024)
+        .max(1_000_000)
+        .to_string()
+}
+
+fn producer(cfg: &RelayConfig, max_bytes: &str) -> Result<FutureProducer, KafkaError> {
     ClientConfig::new()
+        .set("message.max.bytes", max_bytes)
         .set("bootstrap.servers", &cfg.brokers)
         .set("enable.idempotence", "true")
         .set("acks", "all")
@@ -126,7 +139,11 @@ impl Relay {
         let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
             .set("bootstrap.servers", &self.cfg.brokers)
             .create()?;
-        let topic = NewTopic::new(&self.cfg.topic, self.cfg.partitions, TopicReplication::Fixed(1));
+        let max_bytes = max_message_bytes(self.ledger.limits());
+        // The broker's limit must hold the relay's largest message too (a
+        // topic made by hand must be given one as large).
+        let topic = NewTopic::new(&self.cfg.topic, self.cfg.partitions, TopicReplication::Fixed(1))
+            .set("max.message.bytes", &max_bytes);
         let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
         for r in admin.create_topics([&topic], &opts).await? {
             match r {
@@ -160,7 +177,7 @@ impl Relay {
         if self.cfg.create_topic {
             self.ensure_topic().await?;
         }
-        let producer = producer(&self.cfg)?;
+        let producer = producer(&self.cfg, &max_message_bytes(self.ledger.limits()))?;
         self.counters.producers_built.fetch_add(1, Ordering::Relaxed);
         let reader = LogReader::open(self.ledger.pool().clone(), &self.cfg.reader).await?;
         let lease = loop {
