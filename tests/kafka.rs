@@ -208,22 +208,44 @@ async fn the_relay_sends_the_next_batch_before_the_checkpoint_moves_past_the_las
 /// 400,000 zeros is 800 KB of compact JSON but 1.2 MB as jsonb prints it,
 /// which the relay then passed on; and a payload near the 1 MiB limit
 /// made a body above librdkafka's default `message.max.bytes` (1,000,000).
-/// Either failed its batch at every try, and the relay stopped there.
+/// Either failed its batch at every try, and the relay stopped there. And
+/// the ledger's limits do not bound a printed body (helper-31): an error
+/// message of 1 MiB of control characters prints as 6 MB.
 #[tokio::test]
 async fn the_relay_publishes_events_as_large_as_the_ledger_accepts() {
     let db = fresh().await;
     let topic = topic();
     db.enqueue(None, json!({"small": 1})).await;
+    let lease = db.claim_one("w").await;
+    let failed = lease
+        .fail(
+            jobledger::domain::ErrorClass::Permanent,
+            "e",
+            Some(&"\u{1}".repeat(1 << 20)),
+        )
+        .await
+        .unwrap();
+    assert!(failed.committed());
     let zeros = db.enqueue(None, json!(vec![0; 400_000])).await;
     let long = db.enqueue(None, json!("x".repeat(1_040_000))).await;
     db.enqueue(None, json!({"small": 2})).await;
     let (stop, relay, counters) = spawn_relay(&db, relay_cfg(&topic));
+    // The topic exists once something was published (a consumer that
+    // subscribes before the relay made it gets an error).
+    eventually("the relay publishes", || async {
+        counters.published.load(std::sync::atomic::Ordering::Relaxed) > 0
+    })
+    .await;
     let msgs = within(
         "every event, the large ones and the one behind them, reaches the broker",
         read_ledger_from_topic(&db, &topic),
     )
     .await;
     assert_eq!(assert_in_order(&msgs).len(), 4);
+    assert!(
+        msgs.iter().any(|(_, v, _)| *v == 3),
+        "the failed job's last event (claimed, then dead)"
+    );
     for job in [zeros.job_id, long.job_id] {
         assert!(msgs.iter().any(|(_, v, j)| *v == 1 && *j == job.to_string()));
     }

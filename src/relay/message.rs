@@ -58,10 +58,12 @@ struct Body<'a> {
 
 /// An event's data in a body: as read (the relay reads it unparsed), or
 /// printed from the parsed value. The same JSON either way; only the
-/// spacing and the order of keys differ. The spacing is not free: jsonb
-/// prints `", "` and `": "`, up to half as long again as compact JSON, so
-/// data longer than `RAW_DATA_MAX` is printed compact (as before the relay
-/// read it unparsed), and a body is never larger than it was then.
+/// spacing and the order of keys differ. That is not free: jsonb prints
+/// `", "` and `": "` (up to half as long again as compact JSON) and a
+/// number such as `1e300` in full, so data longer than `RAW_DATA_MAX` is
+/// printed compact, as before the relay read it unparsed (unless it is
+/// nested too deep for serde_json, which the parsed read could not read at
+/// all). Shorter data may print up to `RAW_DATA_MAX` longer than compact.
 #[derive(serde::Serialize)]
 #[serde(untagged)]
 enum Data<'a> {

@@ -95,15 +95,22 @@ pub struct Relay {
     counters: Arc<RelayCounters>,
 }
 
-/// The largest message the relay may have to send, in bytes: an event's
-/// body carries its data (a payload, result or observation up to the
-/// ledger's limit, with room for a second such value beside it) and about a
-/// kilobyte of envelope. librdkafka's default of 1,000,000 is below the
-/// ledger's default limit of 1 MiB: such an event failed its batch at every
-/// try, and the relay stopped there for good.
+/// The largest message the relay may send, in bytes. A message carries
+/// one event, and the relay must never refuse one: an event its producer
+/// refused failed its batch at every try, and the relay stopped there for
+/// good (librdkafka's default of 1,000,000 is below the ledger's own 1 MiB
+/// payload limit). The limits the ledger checks do not bound a body's
+/// printed size: a text of control characters prints six times as long
+/// (`\u0001`), a number as jsonb prints it hundreds of times
+/// (`1e300`, 301 digits), and a workflow parent lists every step. So the
+/// bound is generous, 64 MiB or 16 times the payload limit, within
+/// librdkafka's own maximum; it only caps a message, it reserves nothing.
 fn max_message_bytes(limits: &crate::ledger::Limits) -> String {
-    (2 * limits.max_payload_bytes + 64 * 1024)
-        .max(1_000_000)
+    const LIBRDKAFKA_MAX: usize = 1_000_000_000;
+    limits
+        .max_payload_bytes
+        .saturating_mul(16)
+        .clamp(64 * 1024 * 1024, LIBRDKAFKA_MAX)
         .to_string()
 }
 
