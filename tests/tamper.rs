@@ -322,21 +322,14 @@ async fn verify_finds_a_token_that_does_not_follow_from_the_event_before() {
 /// batch before, and the projection never got past it.
 #[tokio::test]
 async fn a_refused_event_stops_only_its_own_job_in_jobs_rebuilt() {
-    use jobledger::reader::LogReader;
-    use jobledger_projections::{runner::Runner, Projection};
     let db = fresh().await;
     let forged_job = db.enqueue(Some("k-forged"), json!({"amount": 5})).await;
     db.enqueue(Some("k-honest"), json!({"amount": 6})).await;
     completed_with_a_forged_token(&db, forged_job.job_id).await;
     let other = db.claim_one("w2").await;
     assert!(other.complete(None).await.unwrap().committed());
-    let reader = LogReader::open(db.ledger.pool().clone(), "projections")
-        .await
-        .unwrap();
     // Batches of 2: the refused event shares its batch with other jobs'.
-    let runner = Runner::new(db.ledger.pool().clone(), &reader, 2).await.unwrap();
-    let rebuilt: &dyn Projection = &jobledger::rebuilt::JobsRebuilt;
-    let done = common::within("a catch-up", runner.catch_up(&[rebuilt]))
+    let done = common::catch_up_jobs_rebuilt(&db, 2)
         .await
         .expect("a refused event does not stop the projection");
     assert_eq!(done.applied, 6);
@@ -358,8 +351,6 @@ async fn a_refused_event_stops_only_its_own_job_in_jobs_rebuilt() {
 /// and forged data stopped the projection for good).
 #[tokio::test]
 async fn jobs_whose_first_event_is_refused_are_named_missing_from_jobs_rebuilt() {
-    use jobledger::reader::LogReader;
-    use jobledger_projections::{runner::Runner, Projection};
     let db = fresh().await;
     let counters = db.enqueue(Some("k-counters"), json!({"amount": 5})).await;
     let data = db.enqueue(Some("k-data"), json!({"amount": 7})).await;
@@ -377,12 +368,7 @@ async fn jobs_whose_first_event_is_refused_are_named_missing_from_jobs_rebuilt()
     ] {
         sqlx::query(sql).bind(id).execute(&mut conn).await.unwrap();
     }
-    let reader = LogReader::open(db.ledger.pool().clone(), "projections")
-        .await
-        .unwrap();
-    let runner = Runner::new(db.ledger.pool().clone(), &reader, 1).await.unwrap();
-    let rebuilt: &dyn Projection = &jobledger::rebuilt::JobsRebuilt;
-    common::within("a catch-up", runner.catch_up(&[rebuilt]))
+    common::catch_up_jobs_rebuilt(&db, 1)
         .await
         .expect("a refused first event does not stop the projection");
     let problems = db.ledger.compare_rebuilt().await.unwrap();
@@ -399,8 +385,6 @@ async fn jobs_whose_first_event_is_refused_are_named_missing_from_jobs_rebuilt()
 /// saying to upgrade: no later event makes that job right, an upgrade does.
 #[tokio::test]
 async fn an_event_of_a_newer_schema_stops_jobs_rebuilt_asking_for_an_upgrade() {
-    use jobledger::reader::LogReader;
-    use jobledger_projections::{runner::Runner, Projection};
     let db = fresh().await;
     let job = db.enqueue(Some("k-newer"), json!({"amount": 5})).await;
     let mut conn = around_the_triggers(&db).await;
@@ -409,12 +393,7 @@ async fn an_event_of_a_newer_schema_stops_jobs_rebuilt_asking_for_an_upgrade() {
         .execute(&mut conn)
         .await
         .unwrap();
-    let reader = LogReader::open(db.ledger.pool().clone(), "projections")
-        .await
-        .unwrap();
-    let runner = Runner::new(db.ledger.pool().clone(), &reader, 10).await.unwrap();
-    let rebuilt: &dyn Projection = &jobledger::rebuilt::JobsRebuilt;
-    let err = common::within("a catch-up", runner.catch_up(&[rebuilt]))
+    let err = common::catch_up_jobs_rebuilt(&db, 10)
         .await
         .expect_err("an unreadable schema stops the projection");
     assert!(err.to_string().contains("upgrade jobledger"), "{err}");

@@ -206,10 +206,18 @@ pub async fn read_topic_while(
     c.subscribe(&[topic]).unwrap();
     let mut out = vec![];
     while more(&out) {
-        let m = tokio::time::timeout(Duration::from_secs(60), c.recv())
-            .await
-            .expect("messages arrive")
-            .unwrap();
+        // A consumer that subscribed before the relay made the topic gets
+        // errors until it exists: those wait, within the same deadline.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        let m = loop {
+            match tokio::time::timeout_at(deadline, c.recv())
+                .await
+                .expect("messages arrive")
+            {
+                Ok(m) => break m,
+                Err(e) => tracing::debug!("consumer: {e}; waiting"),
+            }
+        };
         let version = m
             .headers()
             .unwrap()

@@ -206,3 +206,20 @@ pub async fn within<T>(what: &str, f: impl std::future::Future<Output = T>) -> T
         .await
         .unwrap_or_else(|_| panic!("timed out after 30 s waiting for: {what}"))
 }
+
+/// `jobs_rebuilt` caught up from the log in batches of `batch`, by the
+/// projection runner (under the runner's own reader name).
+pub async fn catch_up_jobs_rebuilt(
+    db: &TestDb,
+    batch: i64,
+) -> Result<jobledger_projections::runner::Step, jobledger_projections::ProjectionError> {
+    use jobledger_projections::{runner::Runner, Projection};
+    let reader = jobledger::reader::LogReader::open(db.ledger.pool().clone(), "projections")
+        .await
+        .unwrap();
+    let runner = Runner::new(db.ledger.pool().clone(), &reader, batch)
+        .await
+        .unwrap();
+    let rebuilt: &dyn Projection = &jobledger::rebuilt::JobsRebuilt;
+    within("a catch-up", runner.catch_up(&[rebuilt])).await
+}
