@@ -547,3 +547,42 @@ async fn a_batch_replay_leaves_jobs_that_died_before_its_range() {
     assert_eq!(holding.len(), 1);
     assert!(holding[0].committed());
 }
+
+/// Review of issue 15 (helper-32): a payload nested deeper than the log's
+/// readers parse (serde_json stops at 128 levels) was stored, and then
+/// failed every read of its batch: `jobs_rebuilt` stopped for every job
+/// behind it. The ledger now refuses data nested deeper than
+/// `MAX_JSON_DEPTH` with a clear error, and stores what it accepts in a
+/// form every reader reads back.
+#[tokio::test]
+async fn a_payload_nested_deeper_than_the_readers_parse_is_refused() {
+    use jobledger::ledger::MAX_JSON_DEPTH;
+    let db = fresh().await;
+    let nested = |levels: usize| (0..levels).fold(json!(1), |v, _| json!([v]));
+    let deepest = db.enqueue(None, nested(MAX_JSON_DEPTH)).await;
+    let err = db
+        .ledger
+        .enqueue(new_job("q", None, nested(MAX_JSON_DEPTH + 1)))
+        .await
+        .expect_err("too deep");
+    assert!(
+        matches!(&err, LedgerError::BadInput(m) if m.contains("nests deeper than")),
+        "{err}"
+    );
+    let lease = db.claim_one("w").await;
+    assert_eq!(lease.job_id(), deepest.job_id);
+    assert!(matches!(
+        lease.complete(Some(nested(MAX_JSON_DEPTH + 1))).await,
+        Err(LedgerError::BadInput(_))
+    ));
+    assert!(lease
+        .complete(Some(nested(MAX_JSON_DEPTH)))
+        .await
+        .unwrap()
+        .committed());
+    // What was accepted reads back everywhere: the rebuild replays it.
+    common::catch_up_jobs_rebuilt(&db, 10)
+        .await
+        .expect("the deepest accepted payload reads back");
+    assert!(db.ledger.compare_rebuilt().await.unwrap().is_empty());
+}

@@ -30,7 +30,7 @@ pub use enqueue::Enqueued;
 pub use error::{LedgerError, LedgerResult};
 pub use lease::Lease;
 pub use ops::{Found, HistoryEntry, LogEntry, Overview};
-pub use validate::Limits;
+pub use validate::{Limits, MAX_JSON_DEPTH};
 pub use verify::{Problem, VerifyReport};
 pub use workflow::{Created as WorkflowCreated, StepView, WorkflowView};
 

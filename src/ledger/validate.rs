@@ -23,8 +23,39 @@ impl Default for Limits {
     }
 }
 
+/// The deepest nesting a payload, result or observation may have. Every
+/// reader of the log (the projections, `verify`, the audit export, the
+/// relay's keys and consumers) parses an event's data with serde_json,
+/// which stops at 128 levels; the data holds the caller's value a few
+/// levels down (`payload`, a workflow's steps). Deeper data was stored,
+/// and then failed every read of its batch, for good: a projection or an
+/// export stopped at it.
+pub const MAX_JSON_DEPTH: usize = 100;
+
+/// How deeply `value` nests (a scalar is 0), walked with a stack of its own.
+fn depth(value: &Value) -> usize {
+    let mut deepest = 0;
+    let mut todo = vec![(value, 0usize)];
+    while let Some((v, d)) = todo.pop() {
+        match v {
+            Value::Array(a) => todo.extend(a.iter().map(|c| (c, d + 1))),
+            Value::Object(o) => todo.extend(o.values().map(|c| (c, d + 1))),
+            _ => continue,
+        }
+        deepest = deepest.max(d + 1);
+    }
+    deepest
+}
+
 impl Limits {
     pub fn json(&self, what: &str, value: &Value) -> LedgerResult<()> {
+        // First, and without recursion: a value built in code can nest
+        // deeper than any parser reads it back (review of issue 15).
+        if depth(value) > MAX_JSON_DEPTH {
+            return Err(LedgerError::BadInput(format!(
+                "{what} nests deeper than {MAX_JSON_DEPTH} levels"
+            )));
+        }
         let size = canonical_json(value).len();
         if size > self.max_payload_bytes {
             return Err(LedgerError::TooLarge {
