@@ -36,31 +36,6 @@ impl Ledger {
         self.enqueue_single(new, actor).await
     }
 
-    async fn enqueue_single(&self, new: NewJob, actor: &str) -> LedgerResult<Enqueued> {
-        // No explicit transaction: the epoch/clock read needs none, and the
-        // job and its first event are written by one (atomic) statement.
-        // Two round trips instead of four.
-        let mut conn = self.pool.acquire().await?;
-        let mut tries = 0;
-        loop {
-            let items = vec![(new.clone(), None)];
-            match self
-                .enqueue_drafts_in(&mut conn, items, actor, Some(&self.context))
-                .await
-                .map(|mut v| v.pop().expect("one in, one out"))
-            {
-                // The key's previous lifecycle was purged after our epoch was
-                // drawn: nothing was written; draw again.
-                Err(LedgerError::Store(e))
-                    if e.sqlstate().as_deref() == Some(crate::store::EPOCH_BELOW_PURGED) && tries < 5 =>
-                {
-                    tries += 1;
-                }
-                other => return other,
-            }
-        }
-    }
-
     /// Enqueues inside the caller's transaction: the job exists exactly when
     /// the caller's own writes commit. In the rare case that the job's key
     /// had a lifecycle purged between this call's epoch draw and its insert,
@@ -136,14 +111,7 @@ impl Ledger {
         cache: Option<&ContextCache>,
     ) -> LedgerResult<Vec<Enqueued>> {
         for (n, _) in &items {
-            self.check_new(n)?;
-            // Slot keys belong to the schedules: a job taking one would
-            // stop the slot from firing (or pass for its firing).
-            if actor != SCHEDULER && n.job_key.as_deref().is_some_and(|k| k.starts_with("schedule:")) {
-                return Err(LedgerError::BadInput(
-                    "job keys starting with \"schedule:\" are the schedules' own".into(),
-                ));
-            }
+            self.check_draft(n, actor)?;
         }
         let done = insert_drafts(conn, items, Some(&self.hooks), actor, cache).await;
         if done.is_err() {
@@ -152,6 +120,21 @@ impl Ledger {
             cache.inspect(|c| c.forget());
         }
         done
+    }
+}
+
+impl Ledger {
+    /// A new job against the limits, before anything is read or written.
+    pub(super) fn check_draft(&self, n: &NewJob, actor: &str) -> LedgerResult<()> {
+        self.check_new(n)?;
+        // Slot keys belong to the schedules: a job taking one would
+        // stop the slot from firing (or pass for its firing).
+        if actor != SCHEDULER && n.job_key.as_deref().is_some_and(|k| k.starts_with("schedule:")) {
+            return Err(LedgerError::BadInput(
+                "job keys starting with \"schedule:\" are the schedules' own".into(),
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -169,9 +152,35 @@ pub(crate) async fn insert_drafts(
     actor: &str,
     cache: Option<&ContextCache>,
 ) -> LedgerResult<Vec<Enqueued>> {
+    let written = insert_decided(conn, items, hooks, actor, cache, None).await?;
+    resolve(conn, written, actor).await
+}
+
+/// What an insert of drafts wrote: each draft's event and job, in the
+/// order given, and the position of each job it wrote (a draft whose key
+/// names a job already is not among them).
+pub(super) struct Written {
+    pub drafts: Vec<(crate::domain::Event, Job)>,
+    pub inserted: HashMap<Uuid, i64>,
+}
+
+/// Decides and inserts, leaving the drafts whose keys name jobs already
+/// to the caller (`resolve`). `traces`: each job's trace context (the span
+/// of the call that enqueues it), when that is not the current span's.
+pub(super) async fn insert_decided(
+    conn: &mut PgConnection,
+    items: Vec<(NewJob, Option<(Uuid, WorkflowTie)>)>,
+    hooks: Option<&super::LedgerHooks>,
+    actor: &str,
+    cache: Option<&ContextCache>,
+    traces: Option<Vec<Option<String>>>,
+) -> LedgerResult<Written> {
     let (news, ties): (Vec<NewJob>, Vec<Option<(Uuid, WorkflowTie)>>) = items.into_iter().unzip();
     if news.is_empty() {
-        return Ok(vec![]);
+        return Ok(Written {
+            drafts: vec![],
+            inserted: HashMap::new(),
+        });
     }
     let wanted: HashSet<(String, String)> = news
         .iter()
@@ -188,7 +197,7 @@ pub(crate) async fn insert_drafts(
     if let Some(h) = hooks.and_then(|h| h.after_epochs.as_ref()) {
         h().await;
     }
-    let drafts = decide_drafts(&news, epochs, &ties, registered, now, actor)?;
+    let drafts = decide_drafts(&news, epochs, &ties, registered, now, actor, traces.as_deref())?;
     let drafted: Vec<&Job> = drafts.iter().map(|(_, j)| j).collect();
     let evs: Vec<EventRow> = drafts
         .iter()
@@ -208,7 +217,8 @@ pub(crate) async fn insert_drafts(
                 guard.0 = None;
                 // Refused, nothing written: read afresh and decide again.
                 cache.expect("only a remembered context is checked").forget();
-                return Box::pin(insert_drafts(conn, items_again(news, ties), hooks, actor, None)).await;
+                let again = items_again(news, ties);
+                return Box::pin(insert_decided(conn, again, hooks, actor, None, traces)).await;
             };
             if let Some(h) = hooks.and_then(|h| h.before_wake.as_ref()) {
                 h().await;
@@ -218,7 +228,20 @@ pub(crate) async fn insert_drafts(
             done
         }
     };
-    let inserted: HashMap<Uuid, i64> = inserted.into_iter().collect();
+    Ok(Written {
+        drafts,
+        inserted: inserted.into_iter().collect(),
+    })
+}
+
+/// Each draft's answer: the job written, or for a key that names a job
+/// already, that job (or a new lifecycle of the key: `existing_or_next`).
+pub(super) async fn resolve(
+    conn: &mut PgConnection,
+    written: Written,
+    actor: &str,
+) -> LedgerResult<Vec<Enqueued>> {
+    let Written { drafts, inserted } = written;
     let mut out = Vec::with_capacity(drafts.len());
     for (ev, job) in drafts {
         if let Some(position) = inserted.get(&ev.job_id) {
@@ -242,6 +265,7 @@ fn decide_drafts(
     registered: Vec<(String, String, serde_json::Value)>,
     now: chrono::DateTime<chrono::Utc>,
     actor: &str,
+    traces: Option<&[Option<String>]>,
 ) -> LedgerResult<Vec<(crate::domain::Event, Job)>> {
     let registered: HashMap<(String, String), Policy> = registered
         .into_iter()
@@ -259,7 +283,7 @@ fn decide_drafts(
         trace: crate::telemetry::here(),
     };
     let mut drafts = Vec::with_capacity(news.len());
-    for ((new, epoch), tie) in news.iter().zip(epochs).zip(ties) {
+    for (i, ((new, epoch), tie)) in news.iter().zip(epochs).zip(ties).enumerate() {
         let policy = match &new.policy {
             Some(p) => p.clone(),
             None => registered
@@ -271,7 +295,17 @@ fn decide_drafts(
             Some((id, tie)) => (*id, Some(tie)),
             None => (Uuid::now_v7(), None),
         };
-        let ev = decide_enqueue_tied(id, epoch, new, &policy, tie, &ctx);
+        let ev = match traces {
+            // Each job joins the trace of the call that enqueued it.
+            Some(t) => {
+                let ctx = Ctx {
+                    trace: t[i].clone(),
+                    ..ctx.clone()
+                };
+                decide_enqueue_tied(id, epoch, new, &policy, tie, &ctx)
+            }
+            None => decide_enqueue_tied(id, epoch, new, &policy, tie, &ctx),
+        };
         let job = apply(None, &ev).map_err(|e| StoreError::Corrupt(e.to_string()))?;
         drafts.push((ev, job));
     }

@@ -2,6 +2,7 @@
 //! `engine`, which runs the pure state machine under the job's row lock.
 
 mod admission;
+mod combine;
 mod context;
 mod engine;
 mod enqueue;
@@ -48,6 +49,8 @@ pub struct Ledger {
     key_cursors: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, String>>>,
     /// The last enqueue context read, for single enqueues (ledger::context).
     context: context::ContextCache,
+    /// Single enqueues waiting to share a statement (ledger::combine).
+    combiner: std::sync::Arc<combine::Combiner>,
 }
 
 /// Test hooks: gates between the steps of a write, so tests can force an
@@ -79,12 +82,16 @@ impl Ledger {
             limits: Limits::default(),
             hooks: LedgerHooks::default(),
             key_cursors: Default::default(),
+            combiner: Default::default(),
         }
     }
 
     /// Test hooks between the steps of a write.
     pub fn with_hooks(mut self, hooks: LedgerHooks) -> Self {
         self.hooks = hooks;
+        // A shared insert runs with its starter's hooks: hooked calls share
+        // with hooked clones only.
+        self.combiner = Default::default();
         self
     }
 
@@ -134,6 +141,7 @@ impl Ledger {
     #[doc(hidden)]
     pub fn remember_context_for(mut self, d: Duration) -> Self {
         self.context = self.context.fresh_for_testing(d);
+        self.combiner = Default::default();
         self
     }
 

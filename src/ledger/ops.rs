@@ -424,6 +424,11 @@ impl Ledger {
         Ok(events::count_events_in_queue(&self.pool, queue, kind).await?)
     }
 
+    /// How many transactions wrote `queue`'s events of type `kind`.
+    pub async fn count_transactions_in(&self, queue: &str, kind: &str) -> LedgerResult<i64> {
+        Ok(events::count_transactions_in_queue(&self.pool, queue, kind).await?)
+    }
+
     pub async fn jobs_with_event_in(&self, queue: &str, kind: &str) -> LedgerResult<Vec<Uuid>> {
         Ok(events::jobs_with_event_in_queue(&self.pool, queue, kind).await?)
     }

@@ -73,6 +73,22 @@ pub async fn events_of_jobs_after<'e>(
 }
 
 /// How many events of `kind` the jobs of `queue` have (purged jobs excluded).
+/// The transactions that wrote `queue`'s events of type `kind`.
+pub async fn count_transactions_in_queue<'e>(
+    exec: impl PgExecutor<'e>,
+    queue: &str,
+    kind: &str,
+) -> StoreResult<i64> {
+    Ok(sqlx::query_scalar(
+        "SELECT count(DISTINCT e.txid) FROM jobledger.events e JOIN jobledger.jobs j USING (job_id) \
+         WHERE j.queue = $1 AND e.type = $2",
+    )
+    .bind(queue)
+    .bind(kind)
+    .fetch_one(exec)
+    .await?)
+}
+
 pub async fn count_events_in_queue<'e>(
     exec: impl PgExecutor<'e>,
     queue: &str,
