@@ -222,7 +222,10 @@ async fn a_single_enqueue_wakes_after_its_commit_once() {
 }
 
 /// A caller that stops waiting once the insert has committed (an HTTP
-/// client gone) does not stop the wake-up.
+/// client gone) does not stop the wake-up. The job has a key: it is
+/// enqueued alone, in the caller's own future (a job without one is
+/// written by a shared statement's task, which the caller cannot stop:
+/// ledger::combine).
 #[tokio::test]
 async fn a_caller_gone_after_the_commit_still_wakes() {
     use jobledger::ledger::LedgerHooks;
@@ -249,7 +252,7 @@ async fn a_caller_gone_after_the_commit_still_wakes() {
     let mut listener = listening(&db).await;
     let caller = {
         let hooked = hooked.clone();
-        tokio::spawn(async move { enqueue(&hooked, None, 1).await })
+        tokio::spawn(async move { enqueue(&hooked, Some("gone"), 1).await })
     };
     common::within("the insert's commit", at_gate.recv())
         .await

@@ -207,3 +207,97 @@ async fn a_refused_shared_statement_leaves_each_call_its_own_answer() {
     assert_eq!(db.count("SELECT count(*) FROM jobledger.events").await, 3);
     db.assert_verified().await;
 }
+
+/// A call whose caller stops waiting while it is queued (a timeout, an HTTP
+/// client gone) takes its job back: nothing of it is written, so a retry
+/// does not make it twice.
+#[tokio::test]
+async fn a_call_given_up_while_queued_writes_nothing() {
+    let db = fresh().await;
+    let mut g = gated(&db.ledger);
+    let first = call(&g.ledger, json!({ "n": 0 }));
+    within("the first statement's gate", g.reached.recv())
+        .await
+        .unwrap();
+    let given_up = call(&g.ledger, json!({ "n": 1 }));
+    let kept = call(&g.ledger, json!({ "n": 2 }));
+    let ledger = g.ledger.clone();
+    eventually("two calls queued", || {
+        let l = ledger.clone();
+        async move { l.enqueues_waiting() == 2 }
+    })
+    .await;
+    given_up.abort();
+    assert!(given_up.await.unwrap_err().is_cancelled());
+    g.open.send(()).await.unwrap();
+    within("the first", first)
+        .await
+        .unwrap()
+        .1
+        .expect("the first enqueues");
+    let kept = within("the kept call", kept)
+        .await
+        .unwrap()
+        .1
+        .expect("the kept call enqueues");
+    assert_eq!(kept.job.payload, json!({ "n": 2 }));
+    assert_eq!(
+        db.count("SELECT count(*) FROM jobledger.jobs WHERE payload = '{\"n\": 1}'")
+            .await,
+        0,
+        "the call given up wrote nothing"
+    );
+    assert_eq!(db.count("SELECT count(*) FROM jobledger.jobs").await, 2);
+    db.assert_verified().await;
+}
+
+/// Calls of different actors queued together are written one statement per
+/// actor, each event naming its own call's actor.
+#[tokio::test]
+async fn queued_calls_of_two_actors_keep_their_actors() {
+    let db = fresh().await;
+    let mut g = gated(&db.ledger);
+    let first = call(&g.ledger, json!({ "n": 0 }));
+    within("the first statement's gate", g.reached.recv())
+        .await
+        .unwrap();
+    let calls: Vec<_> = ["a", "b", "a"]
+        .into_iter()
+        .enumerate()
+        .map(|(n, actor)| {
+            let l = g.ledger.clone();
+            tokio::spawn(async move {
+                l.enqueue_as(new_job("q", None, json!({ "n": n + 1 })), actor)
+                    .await
+            })
+        })
+        .collect();
+    let ledger = g.ledger.clone();
+    eventually("three calls queued", || {
+        let l = ledger.clone();
+        async move { l.enqueues_waiting() == 3 }
+    })
+    .await;
+    g.open.send(()).await.unwrap();
+    within("the first", first)
+        .await
+        .unwrap()
+        .1
+        .expect("the first enqueues");
+    let mut ids = vec![];
+    for (c, actor) in calls.into_iter().zip(["a", "b", "a"]) {
+        let e = within("a call", c).await.unwrap().expect("each call enqueues");
+        let got: String =
+            sqlx::query_scalar("SELECT actor FROM jobledger.events WHERE job_id = $1 AND version = 1")
+                .bind(e.job.job_id)
+                .fetch_one(db.ledger.pool())
+                .await
+                .unwrap();
+        assert_eq!(got, actor);
+        ids.push(e.job.job_id);
+    }
+    let tx = txids(&db, &ids).await;
+    assert_eq!(tx[0], tx[2], "the two calls of actor a share a statement");
+    assert_ne!(tx[0], tx[1], "actor b's call has its own");
+    db.assert_verified().await;
+}

@@ -11,7 +11,10 @@
 //! How: at most `RUNNING_MAX` shared inserts run at a time, each on a task
 //! of its own. A call that finds one free starts one at once (an idle
 //! ledger adds no wait); the others queue, and a task that finishes takes
-//! everything queued as its next statement. What each job gets does not
+//! everything queued as its next statement (one per actor: the events
+//! record it). A caller that stops waiting before its job is sent takes it
+//! back; once sent, its job may be written, as when a caller alone stops
+//! waiting for a statement in flight. What each job gets does not
 //! change: its own `enqueued` event and hash chain, its own epoch, its own
 //! trace; the call returns once its job is committed (and its wake-up
 //! sent). What changes is that a job commits together with jobs of other
@@ -27,9 +30,14 @@
 //! shared statement would make every job in it wait as long.
 //!
 //! Shared statements run on a task of their own, so a caller that stops
-//! waiting stops nobody else's job (its own may still be written, as when
-//! a caller stops waiting for a statement already sent). A ledger with test hooks or its own context timing
-//! (`with_hooks`, `remember_context_for`) shares with its own clones only.
+//! waiting stops nobody else's job. The task runs on the runtime of the
+//! call that started it: a `Ledger`, like its sqlx pool, belongs to one
+//! runtime that keeps running (one whose `block_on` has returned runs no
+//! task, and single enqueues from elsewhere would queue behind it). A
+//! ledger with test hooks or its own context timing (`with_hooks`,
+//! `remember_context_for`) shares with its own clones only; a hook runs on
+//! the shared task, so a hook that makes a single enqueue without a key
+//! through its own ledger waits for itself.
 
 use std::sync::Mutex;
 use tokio::sync::oneshot;
@@ -43,9 +51,10 @@ use crate::store::StoreError;
 /// Shared inserts running at once. One: W1 (8 clients) measured 3,258 and
 /// 3,642 jobs/s with one, about 3,000 with two, 2,600 with three and 2,200
 /// with four; the calls that wait while one statement commits make the
-/// next statement larger. A shared statement cannot wait on another
-/// transaction's lock (only jobs without a key share: see `shares`), so
-/// one slow job cannot hold up the others for long.
+/// next statement larger. A shared statement waits on no other
+/// transaction's row lock (only jobs without a key share: see `shares`);
+/// a table lock (DDL, `LOCK TABLE`) holds it up as it holds up every
+/// enqueue, and the queue with it.
 const RUNNING_MAX: usize = 1;
 /// The most jobs in one shared statement (the rest wait for the next).
 const BATCH_MAX: usize = 256;
@@ -191,15 +200,27 @@ impl Ledger {
             let _ = p.reply.send(Shared::Done(Box::new(done)));
             return;
         }
+        let mut conn = match self.pool.acquire().await {
+            Ok(conn) => conn,
+            // The pool's timeout is each call's answer, as alone: none
+            // waits for it twice.
+            Err(e) => {
+                let e = LedgerError::from(e);
+                for p in together {
+                    let _ = p.reply.send(Shared::Done(Box::new(Err(unanswered(&e)))));
+                }
+                return;
+            }
+        };
+        // Callers gone while the connection was awaited take their jobs back.
+        together.retain(|p| !p.reply.is_closed());
+        if together.is_empty() {
+            return;
+        }
         let items = together.iter().map(|p| (p.new.clone(), None)).collect();
         let traces = together.iter().map(|p| p.trace.clone()).collect();
-        let written = match self.pool.acquire().await {
-            Ok(mut conn) => {
-                let hooks = Some(&self.hooks);
-                insert_decided(&mut conn, items, hooks, actor, Some(&self.context), Some(traces)).await
-            }
-            Err(e) => Err(e.into()),
-        };
+        let hooks = Some(&self.hooks);
+        let written = insert_decided(&mut conn, items, hooks, actor, Some(&self.context), Some(traces)).await;
         match written {
             Ok(w) => {
                 for (p, (_, job)) in together.into_iter().zip(w.drafts) {
@@ -253,6 +274,10 @@ impl Slot {
                 let n = s.queued.len().min(BATCH_MAX);
                 s.queued.drain(..n).collect::<Vec<_>>()
             };
+            // A caller that stopped waiting before its job was sent takes
+            // it back: nothing of it is written (a keyless job retried
+            // after a timeout is not written twice).
+            let batch: Vec<Pending> = batch.into_iter().filter(|p| !p.reply.is_closed()).collect();
             // One statement per actor (the events record it).
             let mut batch = batch;
             while !batch.is_empty() {
@@ -278,25 +303,32 @@ impl Drop for Slot {
     }
 }
 
-/// The statement was refused, or never sent: no job of it was written.
+/// The database refused the statement, or it failed before anything was
+/// sent: no job of it was written, and each call may try alone.
 fn nothing_written(e: &LedgerError) -> bool {
     match e {
-        LedgerError::Store(StoreError::Db(db)) => matches!(
-            db,
-            sqlx::Error::Database(_) | sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed
-        ),
+        LedgerError::Store(StoreError::Db(db)) => matches!(db, sqlx::Error::Database(_)),
         // Decided before anything was sent (a registered policy unreadable).
         _ => true,
     }
 }
 
-/// The error of a shared statement that got no answer, for each of its
-/// calls.
+/// A shared statement's error, for each of its calls: of the same kind
+/// (retryable or not, as `LedgerError::is_retryable` reads it) as the
+/// error the call would have had alone.
 fn unanswered(e: &LedgerError) -> LedgerError {
-    let kind = match e {
-        LedgerError::Store(StoreError::Db(sqlx::Error::Io(io))) => io.kind(),
-        _ => std::io::ErrorKind::Other,
+    let db = match e {
+        LedgerError::Store(StoreError::Db(db)) => db,
+        _ => return LedgerError::Store(StoreError::Db(sqlx::Error::Protocol(e.to_string()))),
     };
     let msg = format!("a shared enqueue's statement got no answer, the job may be written: {e}");
-    LedgerError::Store(StoreError::Db(sqlx::Error::Io(std::io::Error::new(kind, msg))))
+    let copy = match db {
+        sqlx::Error::PoolTimedOut => sqlx::Error::PoolTimedOut,
+        sqlx::Error::PoolClosed => sqlx::Error::PoolClosed,
+        sqlx::Error::WorkerCrashed => sqlx::Error::WorkerCrashed,
+        sqlx::Error::Io(io) => sqlx::Error::Io(std::io::Error::new(io.kind(), msg)),
+        sqlx::Error::Tls(_) => sqlx::Error::Io(std::io::Error::other(msg)),
+        _ => sqlx::Error::Protocol(msg),
+    };
+    LedgerError::Store(StoreError::Db(copy))
 }

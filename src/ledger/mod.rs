@@ -54,7 +54,9 @@ pub struct Ledger {
 }
 
 /// Test hooks: gates between the steps of a write, so tests can force an
-/// interleaving without sleeps.
+/// interleaving without sleeps. A shared single enqueue runs them on its
+/// shared task (ledger::combine): a hook must not make a single enqueue
+/// without a key through its own ledger, which would queue behind it.
 #[derive(Clone, Default)]
 #[allow(clippy::type_complexity)]
 pub struct LedgerHooks {

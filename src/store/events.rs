@@ -72,7 +72,6 @@ pub async fn events_of_jobs_after<'e>(
         .await?)
 }
 
-/// How many events of `kind` the jobs of `queue` have (purged jobs excluded).
 /// The transactions that wrote `queue`'s events of type `kind`.
 pub async fn count_transactions_in_queue<'e>(
     exec: impl PgExecutor<'e>,
@@ -89,6 +88,7 @@ pub async fn count_transactions_in_queue<'e>(
     .await?)
 }
 
+/// How many events of `kind` the jobs of `queue` have (purged jobs excluded).
 pub async fn count_events_in_queue<'e>(
     exec: impl PgExecutor<'e>,
     queue: &str,
