@@ -88,9 +88,22 @@ async function eightClients(n, enqueue) {
 
 const GW_COUNT = "SELECT count(*) AS n FROM graphile_worker._private_jobs";
 
+// On a pool of our own, with an error handler, ended on release: the
+// utilities' own pool could still hold a connection when the database was
+// dropped with FORCE, and raised that as an unhandled error that killed
+// the script (once in three runs on 2026-12-04, after W1).
 async function gwUtils(url, pool = 10) {
-  const utils = await makeWorkerUtils({ connectionString: url, preset: { worker: { maxPoolSize: pool } } });
+  const pgPool = new pg.Pool({ connectionString: url, max: pool });
+  pgPool.on("error", (e) => console.error(`graphile-worker pool: ${e.message}`));
+  // graphile-worker asks for a handler on each client too.
+  pgPool.on("connect", (c) => c.on("error", (e) => console.error(`graphile-worker client: ${e.message}`)));
+  const utils = await makeWorkerUtils({ pgPool });
   await utils.migrate();
+  const release = utils.release.bind(utils);
+  utils.release = async () => {
+    await release();
+    await pgPool.end();
+  };
   return utils;
 }
 
@@ -132,6 +145,7 @@ async function gwW3(n, tuned) {
   // An idle connection's error (the server going away) is reported, not
   // thrown: the figure is checked against the database regardless.
   pgPool.on("error", (e) => console.error(`graphile-worker pool: ${e.message}`));
+  pgPool.on("connect", (c) => c.on("error", (e) => console.error(`graphile-worker client: ${e.message}`)));
   const t0 = performance.now();
   const runner = await run({
     pgPool,
