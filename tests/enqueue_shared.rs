@@ -301,3 +301,63 @@ async fn queued_calls_of_two_actors_keep_their_actors() {
     assert_ne!(tx[0], tx[1], "actor b's call has its own");
     db.assert_verified().await;
 }
+
+/// A shared task that dies (here a hook panics in it) answers its calls and
+/// the queued ones with an error and gives its slot back: the next call
+/// enqueues, nothing waits forever.
+#[tokio::test]
+async fn a_shared_task_that_dies_answers_its_calls_and_frees_its_slot() {
+    let db = fresh().await;
+    let (reached_tx, mut reached) = mpsc::channel::<()>(1);
+    let (open, gate) = mpsc::channel::<()>(1);
+    let gate = Arc::new(Mutex::new(gate));
+    let calls = Arc::new(AtomicUsize::new(0));
+    let c = calls.clone();
+    let ledger = db.ledger.clone().with_hooks(LedgerHooks {
+        after_epochs: Some(Arc::new(move || {
+            let (reached, gate) = (reached_tx.clone(), gate.clone());
+            let n = c.fetch_add(1, Ordering::SeqCst);
+            Box::pin(async move {
+                if n == 0 {
+                    reached.send(()).await.unwrap();
+                    gate.lock().await.recv().await;
+                    panic!("the test's hook stops the shared task");
+                }
+            })
+        })),
+        before_wake: None,
+    });
+    let first = call(&ledger, json!({ "n": 0 }));
+    within("the first statement's gate", reached.recv())
+        .await
+        .unwrap();
+    let queued = call(&ledger, json!({ "n": 1 }));
+    let l = ledger.clone();
+    eventually("a call queued", || {
+        let l = l.clone();
+        async move { l.enqueues_waiting() == 1 }
+    })
+    .await;
+    open.send(()).await.unwrap();
+    for c in [first, queued] {
+        let err = within("an answer", c)
+            .await
+            .unwrap()
+            .1
+            .expect_err("the task died");
+        assert!(err.contains("crashed"), "{err}");
+    }
+    assert_eq!(ledger.enqueues_waiting(), 0);
+    let next = within("the next call", call(&ledger, json!({ "n": 2 })))
+        .await
+        .unwrap()
+        .1
+        .expect("the slot was given back");
+    assert_eq!(next.job.payload, json!({ "n": 2 }));
+    assert_eq!(
+        db.count("SELECT count(*) FROM jobledger.jobs").await,
+        1,
+        "only the next call's job"
+    );
+    db.assert_verified().await;
+}
