@@ -132,11 +132,11 @@ impl Ledger {
         // Two round trips instead of four.
         let mut conn = self.pool.acquire().await?;
         let mut tries = 0;
+        let (news, traces) = (std::slice::from_ref(&new), std::slice::from_ref(&trace));
         loop {
-            let items = vec![(new.clone(), None)];
-            let traces = Some(vec![trace.clone()]);
             let hooks = Some(&self.hooks);
-            let done = match insert_decided(&mut conn, items, hooks, actor, Some(&self.context), traces).await
+            let cache = Some(&self.context);
+            let done = match insert_decided(&mut conn, news, &[None], hooks, actor, cache, Some(traces)).await
             {
                 Ok(written) => resolve(&mut conn, written, actor).await,
                 Err(e) => Err(e),
@@ -217,13 +217,16 @@ impl Ledger {
         if together.is_empty() {
             return;
         }
-        let items = together.iter().map(|p| (p.new.clone(), None)).collect();
-        let traces = together.iter().map(|p| p.trace.clone()).collect();
-        let hooks = Some(&self.hooks);
-        let written = insert_decided(&mut conn, items, hooks, actor, Some(&self.context), Some(traces)).await;
+        let (news, waiting): (Vec<NewJob>, Vec<_>) =
+            together.into_iter().map(|p| (p.new, (p.trace, p.reply))).unzip();
+        let traces: Vec<Option<String>> = waiting.iter().map(|(t, _)| t.clone()).collect();
+        let ties = vec![None; news.len()];
+        let (hooks, cache) = (Some(&self.hooks), Some(&self.context));
+        let written = insert_decided(&mut conn, &news, &ties, hooks, actor, cache, Some(&traces)).await;
+        let replies = news.into_iter().zip(waiting.into_iter().map(|(_, r)| r));
         match written {
             Ok(w) => {
-                for (p, (_, job)) in together.into_iter().zip(w.drafts) {
+                for ((new, reply), (_, job)) in replies.zip(w.drafts) {
                     let answer = match w.inserted.get(&job.job_id) {
                         Some(position) => Shared::Done(Box::new(Ok(Enqueued {
                             job,
@@ -231,20 +234,20 @@ impl Ledger {
                             position: Some(*position),
                         }))),
                         // Cannot happen without a key; the call finds out alone.
-                        None => Shared::Alone(p.new),
+                        None => Shared::Alone(new),
                     };
-                    let _ = p.reply.send(answer);
+                    let _ = reply.send(answer);
                 }
             }
             Err(e) => {
                 self.context.forget();
                 let unwritten = nothing_written(&e);
-                for p in together {
+                for (new, reply) in replies {
                     let answer = match unwritten {
-                        true => Shared::Alone(p.new),
+                        true => Shared::Alone(new),
                         false => Shared::Done(Box::new(Err(unanswered(&e)))),
                     };
-                    let _ = p.reply.send(answer);
+                    let _ = reply.send(answer);
                 }
             }
         }

@@ -152,7 +152,8 @@ pub(crate) async fn insert_drafts(
     actor: &str,
     cache: Option<&ContextCache>,
 ) -> LedgerResult<Vec<Enqueued>> {
-    let written = insert_decided(conn, items, hooks, actor, cache, None).await?;
+    let (news, ties): (Vec<NewJob>, Vec<Option<(Uuid, WorkflowTie)>>) = items.into_iter().unzip();
+    let written = insert_decided(conn, &news, &ties, hooks, actor, cache, None).await?;
     resolve(conn, written, actor).await
 }
 
@@ -164,18 +165,20 @@ pub(super) struct Written {
     pub inserted: HashMap<Uuid, i64>,
 }
 
-/// Decides and inserts, leaving the drafts whose keys name jobs already
-/// to the caller (`resolve`). `traces`: each job's trace context (the span
-/// of the call that enqueues it), when that is not the current span's.
+/// Decides and inserts `news` (each with its workflow tie, if any),
+/// leaving the drafts whose keys name jobs already to the caller
+/// (`resolve`). `traces`: each job's trace context (the span of the call
+/// that enqueues it), when that is not the current span's. Borrowed: a
+/// caller whose statement the database refuses still holds its jobs.
 pub(super) async fn insert_decided(
     conn: &mut PgConnection,
-    items: Vec<(NewJob, Option<(Uuid, WorkflowTie)>)>,
+    news: &[NewJob],
+    ties: &[Option<(Uuid, WorkflowTie)>],
     hooks: Option<&super::LedgerHooks>,
     actor: &str,
     cache: Option<&ContextCache>,
-    traces: Option<Vec<Option<String>>>,
+    traces: Option<&[Option<String>]>,
 ) -> LedgerResult<Written> {
-    let (news, ties): (Vec<NewJob>, Vec<Option<(Uuid, WorkflowTie)>>) = items.into_iter().unzip();
     if news.is_empty() {
         return Ok(Written {
             drafts: vec![],
@@ -197,7 +200,7 @@ pub(super) async fn insert_decided(
     if let Some(h) = hooks.and_then(|h| h.after_epochs.as_ref()) {
         h().await;
     }
-    let drafts = decide_drafts(&news, epochs, &ties, registered, now, actor, traces.as_deref())?;
+    let drafts = decide_drafts(news, epochs, ties, registered, now, actor, traces)?;
     let drafted: Vec<&Job> = drafts.iter().map(|(_, j)| j).collect();
     let evs: Vec<EventRow> = drafts
         .iter()
@@ -217,8 +220,7 @@ pub(super) async fn insert_decided(
                 guard.0 = None;
                 // Refused, nothing written: read afresh and decide again.
                 cache.expect("only a remembered context is checked").forget();
-                let again = items_again(news, ties);
-                return Box::pin(insert_decided(conn, again, hooks, actor, None, traces)).await;
+                return Box::pin(insert_decided(conn, news, ties, hooks, actor, None, traces)).await;
             };
             if let Some(h) = hooks.and_then(|h| h.before_wake.as_ref()) {
                 h().await;
@@ -391,13 +393,6 @@ async fn context(
         registered,
         check: None,
     })
-}
-
-fn items_again(
-    news: Vec<NewJob>,
-    ties: Vec<Option<(Uuid, WorkflowTie)>>,
-) -> Vec<(NewJob, Option<(Uuid, WorkflowTie)>)> {
-    news.into_iter().zip(ties).collect()
 }
 
 /// A draft whose key names a job already: that job, or, when the job's
