@@ -23,6 +23,12 @@ struct Gated {
 }
 
 fn gated(ledger: &Ledger) -> Gated {
+    gated_then(ledger, false)
+}
+
+/// `gated`, the first statement's task panicking once the gate opens when
+/// `panics`.
+fn gated_then(ledger: &Ledger, panics: bool) -> Gated {
     let (reached_tx, reached) = mpsc::channel::<()>(1);
     let (open, gate) = mpsc::channel::<()>(1);
     let gate = Arc::new(Mutex::new(gate));
@@ -36,6 +42,7 @@ fn gated(ledger: &Ledger) -> Gated {
                 if first {
                     reached.send(()).await.unwrap();
                     gate.lock().await.recv().await;
+                    assert!(!panics, "the test's hook stops the shared task");
                 }
             })
         })),
@@ -64,6 +71,16 @@ fn call(ledger: &Ledger, payload: Value) -> Call {
         }
         .instrument(tracing::info_span!(parent: None, "caller")),
     )
+}
+
+/// Waits until `n` single enqueues wait for the next shared statement.
+async fn queued(ledger: &Ledger, n: usize) {
+    let ledger = ledger.clone();
+    eventually(&format!("{n} calls queued"), || {
+        let l = ledger.clone();
+        async move { l.enqueues_waiting() == n }
+    })
+    .await;
 }
 
 async fn txids(db: &common::TestDb, ids: &[Uuid]) -> Vec<i64> {
@@ -101,12 +118,7 @@ async fn overlapping_single_enqueues_share_the_next_statement() {
         .await
         .unwrap();
     let later: Vec<Call> = (1..=3).map(|n| call(&g.ledger, json!({ "n": n }))).collect();
-    let ledger = g.ledger.clone();
-    eventually("three calls queued", || {
-        let l = ledger.clone();
-        async move { l.enqueues_waiting() == 3 }
-    })
-    .await;
+    queued(&g.ledger, 3).await;
     g.open.send(()).await.unwrap();
     let mut answers = vec![within("the first", first).await.unwrap()];
     for c in later {
@@ -178,12 +190,7 @@ async fn a_refused_shared_statement_leaves_each_call_its_own_answer() {
         .into_iter()
         .map(|p| call(&g.ledger, p))
         .collect();
-    let ledger = g.ledger.clone();
-    eventually("three calls queued", || {
-        let l = ledger.clone();
-        async move { l.enqueues_waiting() == 3 }
-    })
-    .await;
+    queued(&g.ledger, 3).await;
     g.open.send(()).await.unwrap();
     within("the first", first)
         .await
@@ -221,12 +228,7 @@ async fn a_call_given_up_while_queued_writes_nothing() {
         .unwrap();
     let given_up = call(&g.ledger, json!({ "n": 1 }));
     let kept = call(&g.ledger, json!({ "n": 2 }));
-    let ledger = g.ledger.clone();
-    eventually("two calls queued", || {
-        let l = ledger.clone();
-        async move { l.enqueues_waiting() == 2 }
-    })
-    .await;
+    queued(&g.ledger, 2).await;
     given_up.abort();
     assert!(given_up.await.unwrap_err().is_cancelled());
     g.open.send(()).await.unwrap();
@@ -272,12 +274,7 @@ async fn queued_calls_of_two_actors_keep_their_actors() {
             })
         })
         .collect();
-    let ledger = g.ledger.clone();
-    eventually("three calls queued", || {
-        let l = ledger.clone();
-        async move { l.enqueues_waiting() == 3 }
-    })
-    .await;
+    queued(&g.ledger, 3).await;
     g.open.send(()).await.unwrap();
     within("the first", first)
         .await
@@ -308,38 +305,15 @@ async fn queued_calls_of_two_actors_keep_their_actors() {
 #[tokio::test]
 async fn a_shared_task_that_dies_answers_its_calls_and_frees_its_slot() {
     let db = fresh().await;
-    let (reached_tx, mut reached) = mpsc::channel::<()>(1);
-    let (open, gate) = mpsc::channel::<()>(1);
-    let gate = Arc::new(Mutex::new(gate));
-    let calls = Arc::new(AtomicUsize::new(0));
-    let c = calls.clone();
-    let ledger = db.ledger.clone().with_hooks(LedgerHooks {
-        after_epochs: Some(Arc::new(move || {
-            let (reached, gate) = (reached_tx.clone(), gate.clone());
-            let n = c.fetch_add(1, Ordering::SeqCst);
-            Box::pin(async move {
-                if n == 0 {
-                    reached.send(()).await.unwrap();
-                    gate.lock().await.recv().await;
-                    panic!("the test's hook stops the shared task");
-                }
-            })
-        })),
-        before_wake: None,
-    });
-    let first = call(&ledger, json!({ "n": 0 }));
-    within("the first statement's gate", reached.recv())
+    let mut g = gated_then(&db.ledger, true);
+    let first = call(&g.ledger, json!({ "n": 0 }));
+    within("the first statement's gate", g.reached.recv())
         .await
         .unwrap();
-    let queued = call(&ledger, json!({ "n": 1 }));
-    let l = ledger.clone();
-    eventually("a call queued", || {
-        let l = l.clone();
-        async move { l.enqueues_waiting() == 1 }
-    })
-    .await;
-    open.send(()).await.unwrap();
-    for c in [first, queued] {
+    let waiting = call(&g.ledger, json!({ "n": 1 }));
+    queued(&g.ledger, 1).await;
+    g.open.send(()).await.unwrap();
+    for c in [first, waiting] {
         let err = within("an answer", c)
             .await
             .unwrap()
@@ -347,8 +321,8 @@ async fn a_shared_task_that_dies_answers_its_calls_and_frees_its_slot() {
             .expect_err("the task died");
         assert!(err.contains("crashed"), "{err}");
     }
-    assert_eq!(ledger.enqueues_waiting(), 0);
-    let next = within("the next call", call(&ledger, json!({ "n": 2 })))
+    assert_eq!(g.ledger.enqueues_waiting(), 0);
+    let next = within("the next call", call(&g.ledger, json!({ "n": 2 })))
         .await
         .unwrap()
         .1
