@@ -335,3 +335,37 @@ async fn a_shared_task_that_dies_answers_its_calls_and_frees_its_slot() {
     );
     db.assert_verified().await;
 }
+
+/// A call alone in its statement, given up while the shared task waits for
+/// a connection (the pool busy), writes nothing either (helper-34).
+#[tokio::test]
+async fn a_call_given_up_while_its_statement_waits_for_a_connection_writes_nothing() {
+    let db = fresh().await;
+    let ledger = Ledger::connect(&db.url, 1).await.unwrap();
+    let held = ledger.pool().acquire().await.unwrap();
+    let given_up = call(&ledger, json!({ "gone": 1 }));
+    // Taken from the queue by a running task, which waits for the pool's
+    // connection.
+    let l = ledger.clone();
+    eventually("the call taken by the shared task", || {
+        let l = l.clone();
+        async move { l.shared_enqueue_running() && l.enqueues_waiting() == 0 }
+    })
+    .await;
+    given_up.abort();
+    assert!(given_up.await.unwrap_err().is_cancelled());
+    drop(held);
+    let next = within("the next call", call(&ledger, json!({ "n": 1 })))
+        .await
+        .unwrap()
+        .1
+        .expect("the next call enqueues");
+    assert_eq!(next.job.payload, json!({ "n": 1 }));
+    assert_eq!(
+        db.count("SELECT count(*) FROM jobledger.jobs WHERE payload ? 'gone'")
+            .await,
+        0,
+        "the call given up wrote nothing"
+    );
+    assert_eq!(db.count("SELECT count(*) FROM jobledger.jobs").await, 1);
+}

@@ -39,6 +39,7 @@
 //! the shared task, so a hook that makes a single enqueue without a key
 //! through its own ledger waits for itself.
 
+use sqlx::PgConnection;
 use std::sync::Mutex;
 use tokio::sync::oneshot;
 
@@ -127,18 +128,28 @@ impl Ledger {
         actor: &str,
         trace: Option<String>,
     ) -> LedgerResult<Enqueued> {
+        let mut conn = self.pool.acquire().await?;
+        self.enqueue_alone_on(&mut conn, new, actor, trace).await
+    }
+
+    /// `enqueue_alone` on a connection already acquired.
+    async fn enqueue_alone_on(
+        &self,
+        conn: &mut PgConnection,
+        new: NewJob,
+        actor: &str,
+        trace: Option<String>,
+    ) -> LedgerResult<Enqueued> {
         // No explicit transaction: the epoch/clock read needs none, and the
         // job and its first event are written by one (atomic) statement.
         // Two round trips instead of four.
-        let mut conn = self.pool.acquire().await?;
         let mut tries = 0;
         let (news, traces) = (std::slice::from_ref(&new), std::slice::from_ref(&trace));
         loop {
             let hooks = Some(&self.hooks);
             let cache = Some(&self.context);
-            let done = match insert_decided(&mut conn, news, &[None], hooks, actor, cache, Some(traces)).await
-            {
-                Ok(written) => resolve(&mut conn, written, actor).await,
+            let done = match insert_decided(conn, news, &[None], hooks, actor, cache, Some(traces)).await {
+                Ok(written) => resolve(conn, written, actor).await,
                 Err(e) => Err(e),
             };
             if done.is_err() {
@@ -187,6 +198,12 @@ impl Ledger {
         })
     }
 
+    /// For tests: whether a shared statement's task is running.
+    #[doc(hidden)]
+    pub fn shared_enqueue_running(&self) -> bool {
+        self.combiner.0.lock().expect("combiner lock").running > 0
+    }
+
     /// For tests: single enqueues queued for the next shared statement.
     #[doc(hidden)]
     pub fn enqueues_waiting(&self) -> usize {
@@ -194,12 +211,6 @@ impl Ledger {
     }
 
     async fn answer(&self, mut together: Vec<Pending>, actor: &str) {
-        if together.len() == 1 {
-            let p = together.pop().expect("one");
-            let done = self.enqueue_alone(p.new, actor, p.trace).await;
-            let _ = p.reply.send(Shared::Done(Box::new(done)));
-            return;
-        }
         let mut conn = match self.pool.acquire().await {
             Ok(conn) => conn,
             // The pool's timeout is each call's answer, as alone: none
@@ -214,7 +225,12 @@ impl Ledger {
         };
         // Callers gone while the connection was awaited take their jobs back.
         together.retain(|p| !p.reply.is_closed());
-        if together.is_empty() {
+        if together.len() <= 1 {
+            // One call: as alone, on the connection it waited for.
+            if let Some(p) = together.pop() {
+                let done = self.enqueue_alone_on(&mut conn, p.new, actor, p.trace).await;
+                let _ = p.reply.send(Shared::Done(Box::new(done)));
+            }
             return;
         }
         let (news, waiting): (Vec<NewJob>, Vec<_>) =
