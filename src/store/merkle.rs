@@ -144,7 +144,11 @@ pub async fn log_stream<'e>(exec: impl PgExecutor<'e>, stream: Uuid) -> StoreRes
         "SELECT txid::text::bigint AS txid, position, {EVENT_COLUMNS} FROM jobledger.events \
          WHERE job_id = $1 ORDER BY version"
     );
-    let rows: Vec<super::readers::LoggedEvent> = sqlx::query_as(&sql).bind(stream).fetch_all(exec).await?;
+    let rows = sqlx::query(&sql)
+        .bind(stream)
+        .try_map(|r| super::readers::logged_of(&r, false))
+        .fetch_all(exec)
+        .await?;
     Ok(rows.into_iter().map(|r| (r.txid, r.row)).collect())
 }
 

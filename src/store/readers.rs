@@ -2,10 +2,11 @@
 //! snapshot horizon, and the readers' fenced checkpoints.
 
 use chrono::{DateTime, Utc};
-use sqlx::{PgConnection, PgExecutor};
+use sqlx::postgres::PgRow;
+use sqlx::{PgConnection, PgExecutor, Row};
 use uuid::Uuid;
 
-use super::rows::{EventRow, EVENT_COLUMNS};
+use super::rows::EventRow;
 use super::StoreResult;
 
 /// `e.position, e.job_id, ...`: the event columns of alias `e`.
@@ -16,22 +17,76 @@ fn qualified() -> String {
 /// The event columns of alias `e`, each as `column` writes it.
 fn qualified_with(column: impl Fn(&str) -> String) -> String {
     std::iter::once("position")
-        .chain(EVENT_COLUMNS.split(',').map(str::trim))
+        .chain(LOGGED)
         .map(column)
         .collect::<Vec<_>>()
         .join(", ")
 }
 
 /// An event with its place in the reader's order.
-#[derive(Debug, Clone, sqlx::FromRow)]
+#[derive(Debug, Clone)]
 pub struct LoggedEvent {
     pub txid: i64,
-    #[sqlx(flatten)]
     pub row: EventRow,
     /// The event's data as PostgreSQL prints it, unparsed, when read with
     /// `DataAs::Raw` (`row.data` is then JSON `null`).
-    #[sqlx(default)]
     pub raw_data: Option<sqlx::types::Json<Box<serde_json::value::RawValue>>>,
+}
+
+/// The log's columns in the order the reader's queries select them and
+/// `logged_of` decodes them, after `txid` and `position`: `EVENT_COLUMNS`,
+/// which `merkle::log_stream` selects (a test holds the two together).
+const LOGGED: [&str; 18] = [
+    "job_id",
+    "version",
+    "type",
+    "from_state",
+    "to_state",
+    "reason",
+    "error_class",
+    "actor",
+    "epoch",
+    "token",
+    "attempt",
+    "run",
+    "data",
+    "recorded_at",
+    "prev_hash",
+    "hash",
+    "schema",
+    "trace",
+];
+
+/// A row of `events_after` or `versions_past`, decoded by position: `txid`,
+/// `position`, the `LOGGED` columns, then `raw_data` when read raw. By
+/// name, sqlx looks each column up in a hash map for every row: 21 lookups
+/// an event, the largest share of a rebuild's decoding (`perf`).
+pub(super) fn logged_of(r: &PgRow, raw: bool) -> Result<LoggedEvent, sqlx::Error> {
+    Ok(LoggedEvent {
+        txid: r.try_get(0)?,
+        row: EventRow {
+            position: r.try_get(1)?,
+            job_id: r.try_get(2)?,
+            version: r.try_get(3)?,
+            kind: r.try_get(4)?,
+            from_state: r.try_get(5)?,
+            to_state: r.try_get(6)?,
+            reason: r.try_get(7)?,
+            error_class: r.try_get(8)?,
+            actor: r.try_get(9)?,
+            epoch: r.try_get(10)?,
+            token: r.try_get(11)?,
+            attempt: r.try_get(12)?,
+            run: r.try_get(13)?,
+            data: r.try_get(14)?,
+            recorded_at: r.try_get(15)?,
+            prev_hash: r.try_get(16)?,
+            hash: r.try_get(17)?,
+            schema: r.try_get(18)?,
+            trace: r.try_get(19)?,
+        },
+        raw_data: if raw { r.try_get(20)? } else { None },
+    })
 }
 
 /// How `events_after` reads each event's `data`.
@@ -165,23 +220,25 @@ pub async fn events_after(
     let sql = format!(
         // `ORDER BY e.txid`, not the bigint alias: ordering by the alias
         // would sort the whole tail instead of walking the index.
-        "SELECT e.txid::text::bigint AS txid, {} FROM jobledger.events e \
+        "SELECT e.txid::text::bigint AS txid, {}{} FROM jobledger.events e \
          WHERE (e.txid, e.position) > ($1::text::xid8, $2) AND e.txid < (SELECT jobledger.log_horizon()) \
          ORDER BY e.txid, e.position LIMIT $3",
         qualified_with(|c| {
             match c {
-            "data" if raw => "'null'::jsonb AS data, e.data AS raw_data".to_string(),
+            "data" if raw => "'null'::jsonb AS data".to_string(),
             "data" => "CASE WHEN $4::text[] IS NULL OR e.type = ANY($4::text[]) THEN e.data ELSE 'null'::jsonb END AS data"
                 .to_string(),
             c => format!("e.{c}"),
         }
-        })
+        }),
+        if raw { ", e.data AS raw_data" } else { "" }
     );
-    Ok(sqlx::query_as(&sql)
+    Ok(sqlx::query(&sql)
         .bind(txid)
         .bind(position)
         .bind(limit)
         .bind(data_of)
+        .try_map(move |r| logged_of(&r, raw))
         .fetch_all(conn)
         .await?)
 }
@@ -203,11 +260,12 @@ pub async fn versions_past(
          WHERE (e.txid, e.position) > ($1::text::xid8, $2)",
         qualified()
     );
-    Ok(sqlx::query_as(&sql)
+    Ok(sqlx::query(&sql)
         .bind(end.0)
         .bind(end.1)
         .bind(jobs)
         .bind(versions)
+        .try_map(|r| logged_of(&r, false))
         .fetch_all(conn)
         .await?)
 }
@@ -248,13 +306,14 @@ pub async fn versions_below_walked(
          WHERE (e.txid, e.position) > ($3::text::xid8, $4) ORDER BY e.job_id, e.version",
         qualified()
     );
-    Ok(sqlx::query_as(&sql)
+    Ok(sqlx::query(&sql)
         .bind(after.0)
         .bind(after.1)
         .bind(end.0)
         .bind(end.1)
         .bind(jobs)
         .bind(up_to)
+        .try_map(|r| logged_of(&r, false))
         .fetch_all(conn)
         .await?)
 }
@@ -328,4 +387,17 @@ pub async fn log_tail<'e>(exec: impl PgExecutor<'e>) -> StoreResult<Option<(i64,
     )
     .fetch_optional(exec)
     .await?)
+}
+
+#[cfg(test)]
+mod tests {
+    /// `logged_of` decodes by position what the queries select by name.
+    #[test]
+    fn logged_of_decodes_the_columns_in_their_selected_order() {
+        let selected: Vec<&str> = crate::store::rows::EVENT_COLUMNS
+            .split(',')
+            .map(str::trim)
+            .collect();
+        assert_eq!(selected, super::LOGGED);
+    }
 }
