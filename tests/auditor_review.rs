@@ -211,7 +211,7 @@ async fn the_kit_signs_one_head_over_all_of_it() {
         let _ = waits.send(());
     }));
     tokio::select! {
-        _ = waiting.recv() => {}
+        Some(()) = waiting.recv() => {}
         k = &mut kit => panic!("the kit signed past a held horizon: {:?}", k.map(|_| ())),
     }
     holder.commit().await.unwrap();

@@ -59,3 +59,27 @@ async fn a_redelivered_version_changes_nothing_and_the_batch_is_written() {
     let want: Vec<(i64, String)> = vec![(1, "first".into()), (2, "first".into()), (3, "first".into())];
     assert_eq!(rows, want);
 }
+
+/// After the fallback, no savepoint of the insert is left open: a caller
+/// applying many batches in one transaction does not nest subtransactions.
+#[tokio::test]
+async fn the_fallback_leaves_no_savepoint_open() {
+    let db = fresh().await;
+    let table = "public.timeline_savepoint";
+    let mut tx = db.ledger.pool().begin().await.unwrap();
+    JobTimeline.create(&mut tx, table).await.unwrap();
+    let job = Uuid::now_v7();
+    JobTimeline
+        .apply(&mut tx, table, &[event(job, 1, "first")])
+        .await
+        .unwrap();
+    JobTimeline
+        .apply(&mut tx, table, &[event(job, 1, "again"), event(job, 2, "first")])
+        .await
+        .unwrap();
+    let left = sqlx::query("RELEASE SAVEPOINT job_timeline_plain")
+        .execute(&mut *tx)
+        .await
+        .expect_err("no savepoint left to release");
+    assert!(left.to_string().contains("does not exist"), "{left}");
+}

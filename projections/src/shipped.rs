@@ -64,6 +64,11 @@ impl Projection for JobTimeline {
                         .execute(&mut *tx)
                         .await?;
                     insert_timeline(tx, table, events, " ON CONFLICT DO NOTHING").await?;
+                    // `ROLLBACK TO` keeps the savepoint: released, so a caller
+                    // applying many batches in one transaction does not nest.
+                    sqlx::query("RELEASE SAVEPOINT job_timeline_plain")
+                        .execute(&mut *tx)
+                        .await?;
                 }
                 Err(e) => return Err(e),
             }

@@ -3,7 +3,7 @@
 
 use chrono::{DateTime, Utc};
 use sqlx::postgres::PgRow;
-use sqlx::{PgConnection, PgExecutor, Row};
+use sqlx::{Column, PgConnection, PgExecutor, Row};
 use uuid::Uuid;
 
 use super::rows::EventRow;
@@ -57,35 +57,65 @@ const LOGGED: [&str; 18] = [
     "trace",
 ];
 
+/// The position of `name` in a reader's row (after `txid` and `position`),
+/// found at compile time: a field is tied to its column's name, whatever
+/// `LOGGED`'s order, and a name not in it does not build.
+const fn at(name: &str) -> usize {
+    let mut i = 0;
+    while i < LOGGED.len() {
+        let (a, b) = (LOGGED[i].as_bytes(), name.as_bytes());
+        let mut same = a.len() == b.len();
+        let mut k = 0;
+        while same && k < a.len() {
+            same = a[k] == b[k];
+            k += 1;
+        }
+        if same {
+            return i + 2;
+        }
+        i += 1;
+    }
+    panic!("not a column of the reader's rows")
+}
+
 /// A row of `events_after` or `versions_past`, decoded by position: `txid`,
 /// `position`, the `LOGGED` columns, then `raw_data` when read raw. By
 /// name, sqlx looks each column up in a hash map for every row: 21 lookups
 /// an event, the largest share of a rebuild's decoding (`perf`).
 pub(super) fn logged_of(r: &PgRow, raw: bool) -> Result<LoggedEvent, sqlx::Error> {
+    // Checked in debug builds (every test): the row carries the columns
+    // `at` counts on, in that order (`raw_data` last).
+    debug_assert!(
+        r.columns().iter().map(|c| c.name()).eq(["txid", "position"]
+            .into_iter()
+            .chain(LOGGED)
+            .chain(raw.then_some("raw_data"))),
+        "the reader's columns are selected in LOGGED's order"
+    );
     Ok(LoggedEvent {
         txid: r.try_get(0)?,
         row: EventRow {
             position: r.try_get(1)?,
-            job_id: r.try_get(2)?,
-            version: r.try_get(3)?,
-            kind: r.try_get(4)?,
-            from_state: r.try_get(5)?,
-            to_state: r.try_get(6)?,
-            reason: r.try_get(7)?,
-            error_class: r.try_get(8)?,
-            actor: r.try_get(9)?,
-            epoch: r.try_get(10)?,
-            token: r.try_get(11)?,
-            attempt: r.try_get(12)?,
-            run: r.try_get(13)?,
-            data: r.try_get(14)?,
-            recorded_at: r.try_get(15)?,
-            prev_hash: r.try_get(16)?,
-            hash: r.try_get(17)?,
-            schema: r.try_get(18)?,
-            trace: r.try_get(19)?,
+            job_id: r.try_get(const { at("job_id") })?,
+            version: r.try_get(const { at("version") })?,
+            kind: r.try_get(const { at("type") })?,
+            from_state: r.try_get(const { at("from_state") })?,
+            to_state: r.try_get(const { at("to_state") })?,
+            reason: r.try_get(const { at("reason") })?,
+            error_class: r.try_get(const { at("error_class") })?,
+            actor: r.try_get(const { at("actor") })?,
+            epoch: r.try_get(const { at("epoch") })?,
+            token: r.try_get(const { at("token") })?,
+            attempt: r.try_get(const { at("attempt") })?,
+            run: r.try_get(const { at("run") })?,
+            data: r.try_get(const { at("data") })?,
+            recorded_at: r.try_get(const { at("recorded_at") })?,
+            prev_hash: r.try_get(const { at("prev_hash") })?,
+            hash: r.try_get(const { at("hash") })?,
+            schema: r.try_get(const { at("schema") })?,
+            trace: r.try_get(const { at("trace") })?,
         },
-        raw_data: if raw { r.try_get(20)? } else { None },
+        raw_data: if raw { r.try_get(LOGGED.len() + 2)? } else { None },
     })
 }
 
@@ -391,9 +421,10 @@ pub async fn log_tail<'e>(exec: impl PgExecutor<'e>) -> StoreResult<Option<(i64,
 
 #[cfg(test)]
 mod tests {
-    /// `logged_of` decodes by position what the queries select by name.
+    /// `merkle::log_stream` selects `EVENT_COLUMNS` and decodes its rows
+    /// with `logged_of`, which counts on `LOGGED`'s order.
     #[test]
-    fn logged_of_decodes_the_columns_in_their_selected_order() {
+    fn the_log_streams_columns_are_the_readers() {
         let selected: Vec<&str> = crate::store::rows::EVENT_COLUMNS
             .split(',')
             .map(str::trim)
