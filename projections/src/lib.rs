@@ -120,7 +120,11 @@ pub trait Projection: Send + Sync {
     fn data_of(&self) -> Option<&'static [&'static str]> {
         None
     }
-    /// Applies a batch (set-based, idempotent per (job, version)).
+    /// Applies a batch (set-based, idempotent per (job, version)). A
+    /// (job, version) comes again when the reader handed it out early, ahead
+    /// of its place in log order, and then meets it there; `JobTimeline`
+    /// shows a cheap way: a plain insert, redone idempotently under a
+    /// savepoint only when it meets a row it has.
     fn apply<'a>(
         &'a self,
         tx: &'a mut PgConnection,
