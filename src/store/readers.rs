@@ -6,7 +6,7 @@ use sqlx::postgres::PgRow;
 use sqlx::{Column, PgConnection, PgExecutor, Row};
 use uuid::Uuid;
 
-use super::rows::EventRow;
+use super::rows::{EventRow, EVENT_COLUMNS};
 use super::StoreResult;
 
 /// `e.position, e.job_id, ...`: the event columns of alias `e`.
@@ -17,7 +17,7 @@ fn qualified() -> String {
 /// The event columns of alias `e`, each as `column` writes it.
 fn qualified_with(column: impl Fn(&str) -> String) -> String {
     std::iter::once("position")
-        .chain(LOGGED)
+        .chain(EVENT_COLUMNS.split(',').map(str::trim))
         .map(column)
         .collect::<Vec<_>>()
         .join(", ")
@@ -33,53 +33,49 @@ pub struct LoggedEvent {
     pub raw_data: Option<sqlx::types::Json<Box<serde_json::value::RawValue>>>,
 }
 
-/// The log's columns in the order the reader's queries select them and
-/// `logged_of` decodes them, after `txid` and `position`: `EVENT_COLUMNS`,
-/// which `merkle::log_stream` selects (a test holds the two together).
-const LOGGED: [&str; 18] = [
-    "job_id",
-    "version",
-    "type",
-    "from_state",
-    "to_state",
-    "reason",
-    "error_class",
-    "actor",
-    "epoch",
-    "token",
-    "attempt",
-    "run",
-    "data",
-    "recorded_at",
-    "prev_hash",
-    "hash",
-    "schema",
-    "trace",
-];
-
-/// The position of `name` in a reader's row (after `txid` and `position`),
-/// found at compile time: a field is tied to its column's name, whatever
-/// `LOGGED`'s order, and a name not in it does not build.
+/// The position of column `name` in a reader's row: `txid`, `position`,
+/// then `EVENT_COLUMNS` in their order; past them (the empty name), where
+/// `raw_data` goes. Found at compile time, from `EVENT_COLUMNS` itself: each
+/// field is tied to its column's name, and a name not among them does not
+/// build.
 const fn at(name: &str) -> usize {
-    let mut i = 0;
-    while i < LOGGED.len() {
-        let (a, b) = (LOGGED[i].as_bytes(), name.as_bytes());
-        let mut same = a.len() == b.len();
+    let (cols, name) = (EVENT_COLUMNS.as_bytes(), name.as_bytes());
+    let (mut i, mut index) = (0, 2);
+    while i < cols.len() {
+        let start = i;
+        while i < cols.len() && cols[i] != b',' {
+            i += 1;
+        }
+        // The column between `start` and the comma, spaces trimmed.
+        let (mut a, mut b) = (start, i);
+        while a < b && cols[a] == b' ' {
+            a += 1;
+        }
+        while b > a && cols[b - 1] == b' ' {
+            b -= 1;
+        }
+        let mut same = b - a == name.len();
         let mut k = 0;
-        while same && k < a.len() {
-            same = a[k] == b[k];
+        while same && k < name.len() {
+            same = cols[a + k] == name[k];
             k += 1;
         }
         if same {
-            return i + 2;
+            return index;
         }
-        i += 1;
+        index += 1;
+        i += 1; // past the comma
     }
-    panic!("not a column of the reader's rows")
+    assert!(name.is_empty(), "not a column of the reader's rows");
+    index
 }
 
-/// A row of `events_after` or `versions_past`, decoded by position: `txid`,
-/// `position`, the `LOGGED` columns, then `raw_data` when read raw. By
+/// Where `raw_data` is, when read raw: after every event column.
+const RAW_DATA: usize = at("");
+
+/// A row of the reader's queries (and `merkle::log_stream`), decoded by
+/// position: `txid`, `position`, `EVENT_COLUMNS`, then `raw_data` when
+/// read raw. By
 /// name, sqlx looks each column up in a hash map for every row: 21 lookups
 /// an event, the largest share of a rebuild's decoding (`perf`).
 pub(super) fn logged_of(r: &PgRow, raw: bool) -> Result<LoggedEvent, sqlx::Error> {
@@ -88,9 +84,9 @@ pub(super) fn logged_of(r: &PgRow, raw: bool) -> Result<LoggedEvent, sqlx::Error
     debug_assert!(
         r.columns().iter().map(|c| c.name()).eq(["txid", "position"]
             .into_iter()
-            .chain(LOGGED)
+            .chain(EVENT_COLUMNS.split(',').map(str::trim))
             .chain(raw.then_some("raw_data"))),
-        "the reader's columns are selected in LOGGED's order"
+        "the reader's columns are selected in EVENT_COLUMNS' order"
     );
     Ok(LoggedEvent {
         txid: r.try_get(0)?,
@@ -115,7 +111,7 @@ pub(super) fn logged_of(r: &PgRow, raw: bool) -> Result<LoggedEvent, sqlx::Error
             schema: r.try_get(const { at("schema") })?,
             trace: r.try_get(const { at("trace") })?,
         },
-        raw_data: if raw { r.try_get(LOGGED.len() + 2)? } else { None },
+        raw_data: if raw { r.try_get(RAW_DATA)? } else { None },
     })
 }
 
@@ -421,14 +417,16 @@ pub async fn log_tail<'e>(exec: impl PgExecutor<'e>) -> StoreResult<Option<(i64,
 
 #[cfg(test)]
 mod tests {
-    /// `merkle::log_stream` selects `EVENT_COLUMNS` and decodes its rows
-    /// with `logged_of`, which counts on `LOGGED`'s order.
+    /// `at` counts `EVENT_COLUMNS` as the queries select them.
     #[test]
-    fn the_log_streams_columns_are_the_readers() {
-        let selected: Vec<&str> = crate::store::rows::EVENT_COLUMNS
-            .split(',')
-            .map(str::trim)
+    fn at_finds_each_column_where_the_queries_select_it() {
+        let selected: Vec<&str> = ["txid", "position"]
+            .into_iter()
+            .chain(super::EVENT_COLUMNS.split(',').map(str::trim))
             .collect();
-        assert_eq!(selected, super::LOGGED);
+        for (i, name) in selected.iter().enumerate().skip(2) {
+            assert_eq!(super::at(name), i, "{name}");
+        }
+        assert_eq!(super::RAW_DATA, selected.len());
     }
 }
