@@ -223,7 +223,10 @@ impl Ledger {
                 return;
             }
         };
-        // Callers gone while the connection was awaited take their jobs back.
+        // A caller that stopped waiting before its job was sent (while
+        // queued, or while this statement waited for its connection) takes
+        // it back: nothing of it is written, so a keyless job retried after
+        // a timeout is not written twice.
         together.retain(|p| !p.reply.is_closed());
         if together.len() <= 1 {
             // One call: as alone, on the connection it waited for.
@@ -233,13 +236,21 @@ impl Ledger {
             }
             return;
         }
-        let (news, waiting): (Vec<NewJob>, Vec<_>) =
-            together.into_iter().map(|p| (p.new, (p.trace, p.reply))).unzip();
-        let traces: Vec<Option<String>> = waiting.iter().map(|(t, _)| t.clone()).collect();
-        let ties = vec![None; news.len()];
+        let n = together.len();
+        let (mut news, mut traces, mut replies) = (
+            Vec::with_capacity(n),
+            Vec::with_capacity(n),
+            Vec::with_capacity(n),
+        );
+        for p in together {
+            news.push(p.new);
+            traces.push(p.trace);
+            replies.push(p.reply);
+        }
+        let ties = vec![None; n];
         let (hooks, cache) = (Some(&self.hooks), Some(&self.context));
         let written = insert_decided(&mut conn, &news, &ties, hooks, actor, cache, Some(&traces)).await;
-        let replies = news.into_iter().zip(waiting.into_iter().map(|(_, r)| r));
+        let replies = news.into_iter().zip(replies);
         match written {
             Ok(w) => {
                 for ((new, reply), (_, job)) in replies.zip(w.drafts) {
@@ -283,7 +294,7 @@ impl Slot {
     async fn run(mut self) {
         let ledger = self.0.clone().expect("a slot holds its ledger until it ends");
         loop {
-            let batch = {
+            let mut batch = {
                 let mut s = ledger.combiner.0.lock().expect("combiner lock");
                 if s.queued.is_empty() {
                     s.running -= 1;
@@ -293,12 +304,7 @@ impl Slot {
                 let n = s.queued.len().min(BATCH_MAX);
                 s.queued.drain(..n).collect::<Vec<_>>()
             };
-            // A caller that stopped waiting before its job was sent takes
-            // it back: nothing of it is written (a keyless job retried
-            // after a timeout is not written twice).
-            let batch: Vec<Pending> = batch.into_iter().filter(|p| !p.reply.is_closed()).collect();
             // One statement per actor (the events record it).
-            let mut batch = batch;
             while !batch.is_empty() {
                 let actor = batch[0].actor.clone();
                 let (same, rest): (Vec<Pending>, Vec<Pending>) =

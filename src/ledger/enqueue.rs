@@ -277,12 +277,13 @@ fn decide_drafts(
             Ok::<_, StoreError>(((q, k), p))
         })
         .collect::<Result<_, _>>()?;
-    let ctx = Ctx {
+    let mut ctx = Ctx {
         now,
         actor: actor.into(),
         jitter: 0.0,
-        // The job joins the trace of the span enqueueing it (this one).
-        trace: crate::telemetry::here(),
+        // The job joins the trace of the span enqueueing it: this one, or
+        // each job's own call's (`traces`, set below).
+        trace: traces.is_none().then(crate::telemetry::here).flatten(),
     };
     let mut drafts = Vec::with_capacity(news.len());
     for (i, ((new, epoch), tie)) in news.iter().zip(epochs).zip(ties).enumerate() {
@@ -297,17 +298,10 @@ fn decide_drafts(
             Some((id, tie)) => (*id, Some(tie)),
             None => (Uuid::now_v7(), None),
         };
-        let ev = match traces {
-            // Each job joins the trace of the call that enqueued it.
-            Some(t) => {
-                let ctx = Ctx {
-                    trace: t[i].clone(),
-                    ..ctx.clone()
-                };
-                decide_enqueue_tied(id, epoch, new, &policy, tie, &ctx)
-            }
-            None => decide_enqueue_tied(id, epoch, new, &policy, tie, &ctx),
-        };
+        if let Some(t) = traces {
+            ctx.trace = t[i].clone();
+        }
+        let ev = decide_enqueue_tied(id, epoch, new, &policy, tie, &ctx);
         let job = apply(None, &ev).map_err(|e| StoreError::Corrupt(e.to_string()))?;
         drafts.push((ev, job));
     }
