@@ -56,7 +56,26 @@ fn gated_then(ledger: &Ledger, panics: bool) -> Gated {
     }
 }
 
-type Call = tokio::task::JoinHandle<(Option<String>, Result<Enqueued, String>)>;
+/// A call's caller's traceparent and its answer.
+type Answer = (Option<String>, Result<Enqueued, String>);
+type Call = tokio::task::JoinHandle<Answer>;
+
+impl Gated {
+    /// The first call, its statement held at the gate.
+    async fn hold_first(&mut self) -> Call {
+        let first = call(&self.ledger, json!({ "n": 0 }));
+        within("the first statement's gate", self.reached.recv())
+            .await
+            .unwrap();
+        first
+    }
+
+    /// Opens the gate: the first call's answer.
+    async fn release(&self, first: Call) -> Answer {
+        self.open.send(()).await.unwrap();
+        within("the first", first).await.unwrap()
+    }
+}
 
 /// A single enqueue under a span of its own (`caller`, a trace of its own
 /// when tracing is on): the caller's traceparent and the answer.
@@ -113,14 +132,10 @@ async fn overlapping_single_enqueues_share_the_next_statement() {
     let _default = tracing::subscriber::set_default(subscriber);
     jobledger::telemetry::set_enabled(true);
     let mut g = gated(&db.ledger);
-    let first = call(&g.ledger, json!({ "n": 0 }));
-    within("the first statement's gate", g.reached.recv())
-        .await
-        .unwrap();
+    let first = g.hold_first().await;
     let later: Vec<Call> = (1..=3).map(|n| call(&g.ledger, json!({ "n": n }))).collect();
     queued(&g.ledger, 3).await;
-    g.open.send(()).await.unwrap();
-    let mut answers = vec![within("the first", first).await.unwrap()];
+    let mut answers = vec![g.release(first).await];
     for c in later {
         answers.push(within("a later call", c).await.unwrap());
     }
@@ -182,21 +197,13 @@ async fn a_refused_shared_statement_leaves_each_call_its_own_answer() {
     .await
     .unwrap();
     let mut g = gated(&db.ledger);
-    let first = call(&g.ledger, json!({ "n": 0 }));
-    within("the first statement's gate", g.reached.recv())
-        .await
-        .unwrap();
+    let first = g.hold_first().await;
     let later: Vec<Call> = [json!({ "n": 1 }), json!({ "refuse": true }), json!({ "n": 3 })]
         .into_iter()
         .map(|p| call(&g.ledger, p))
         .collect();
     queued(&g.ledger, 3).await;
-    g.open.send(()).await.unwrap();
-    within("the first", first)
-        .await
-        .unwrap()
-        .1
-        .expect("the first enqueues");
+    g.release(first).await.1.expect("the first enqueues");
     let mut got = vec![];
     for c in later {
         got.push(within("a later call", c).await.unwrap().1);
@@ -222,21 +229,13 @@ async fn a_refused_shared_statement_leaves_each_call_its_own_answer() {
 async fn a_call_given_up_while_queued_writes_nothing() {
     let db = fresh().await;
     let mut g = gated(&db.ledger);
-    let first = call(&g.ledger, json!({ "n": 0 }));
-    within("the first statement's gate", g.reached.recv())
-        .await
-        .unwrap();
+    let first = g.hold_first().await;
     let given_up = call(&g.ledger, json!({ "n": 1 }));
     let kept = call(&g.ledger, json!({ "n": 2 }));
     queued(&g.ledger, 2).await;
     given_up.abort();
     assert!(given_up.await.unwrap_err().is_cancelled());
-    g.open.send(()).await.unwrap();
-    within("the first", first)
-        .await
-        .unwrap()
-        .1
-        .expect("the first enqueues");
+    g.release(first).await.1.expect("the first enqueues");
     let kept = within("the kept call", kept)
         .await
         .unwrap()
@@ -259,10 +258,7 @@ async fn a_call_given_up_while_queued_writes_nothing() {
 async fn queued_calls_of_two_actors_keep_their_actors() {
     let db = fresh().await;
     let mut g = gated(&db.ledger);
-    let first = call(&g.ledger, json!({ "n": 0 }));
-    within("the first statement's gate", g.reached.recv())
-        .await
-        .unwrap();
+    let first = g.hold_first().await;
     let calls: Vec<_> = ["a", "b", "a"]
         .into_iter()
         .enumerate()
@@ -275,12 +271,7 @@ async fn queued_calls_of_two_actors_keep_their_actors() {
         })
         .collect();
     queued(&g.ledger, 3).await;
-    g.open.send(()).await.unwrap();
-    within("the first", first)
-        .await
-        .unwrap()
-        .1
-        .expect("the first enqueues");
+    g.release(first).await.1.expect("the first enqueues");
     let mut ids = vec![];
     for (c, actor) in calls.into_iter().zip(["a", "b", "a"]) {
         let e = within("a call", c).await.unwrap().expect("each call enqueues");
@@ -306,19 +297,13 @@ async fn queued_calls_of_two_actors_keep_their_actors() {
 async fn a_shared_task_that_dies_answers_its_calls_and_frees_its_slot() {
     let db = fresh().await;
     let mut g = gated_then(&db.ledger, true);
-    let first = call(&g.ledger, json!({ "n": 0 }));
-    within("the first statement's gate", g.reached.recv())
-        .await
-        .unwrap();
+    let first = g.hold_first().await;
     let waiting = call(&g.ledger, json!({ "n": 1 }));
     queued(&g.ledger, 1).await;
-    g.open.send(()).await.unwrap();
-    for c in [first, waiting] {
-        let err = within("an answer", c)
-            .await
-            .unwrap()
-            .1
-            .expect_err("the task died");
+    let first = g.release(first).await;
+    let waiting = within("an answer", waiting).await.unwrap();
+    for (_, got) in [first, waiting] {
+        let err = got.expect_err("the task died");
         assert!(err.contains("crashed"), "{err}");
     }
     assert_eq!(g.ledger.enqueues_waiting(), 0);

@@ -54,24 +54,20 @@ impl Projection for JobTimeline {
                 .execute(&mut *tx)
                 .await?;
             match insert_timeline(tx, table, events, "").await {
-                Ok(()) => {
-                    sqlx::query("RELEASE SAVEPOINT job_timeline_plain")
-                        .execute(&mut *tx)
-                        .await?;
-                }
+                Ok(()) => {}
                 Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some(UNIQUE_VIOLATION) => {
                     sqlx::query("ROLLBACK TO SAVEPOINT job_timeline_plain")
                         .execute(&mut *tx)
                         .await?;
                     insert_timeline(tx, table, events, " ON CONFLICT DO NOTHING").await?;
-                    // `ROLLBACK TO` keeps the savepoint: released, so a caller
-                    // applying many batches in one transaction does not nest.
-                    sqlx::query("RELEASE SAVEPOINT job_timeline_plain")
-                        .execute(&mut *tx)
-                        .await?;
                 }
                 Err(e) => return Err(e),
             }
+            // Released either way (`ROLLBACK TO` keeps it): a caller applying
+            // many batches in one transaction does not nest.
+            sqlx::query("RELEASE SAVEPOINT job_timeline_plain")
+                .execute(&mut *tx)
+                .await?;
             Ok(())
         })
     }

@@ -1,7 +1,7 @@
 //! The auditor's kit in tests: a ledger with a signed head over 100 jobs,
 //! and what an attacker with the superuser's rights does to it.
 
-use super::{fresh, new_job, TestDb};
+use super::{eventually, fresh, new_job, TestDb};
 use ed25519_dalek::{SigningKey, VerifyingKey};
 use jobledger::audit::checkpointer::{CheckpointConfig, Checkpointer};
 use jobledger::audit::offline::{Auditor, Finding};
@@ -117,7 +117,7 @@ pub async fn new_kit() -> Kit {
 
 /// The kit on `db`; `waiting` is called each time the signing waits for
 /// the log horizon.
-pub async fn kit_with(db: TestDb, mut waiting: impl FnMut()) -> Kit {
+pub async fn kit_with(db: TestDb, waiting: impl FnMut()) -> Kit {
     let dir = std::env::temp_dir().join(format!("jl-audit-{}", Uuid::new_v4().simple()));
     std::fs::create_dir_all(&dir).unwrap();
     let (_, public) = jobledger::audit::keys::keygen(&dir.join("key")).unwrap();
@@ -130,15 +130,16 @@ pub async fn kit_with(db: TestDb, mut waiting: impl FnMut()) -> Kit {
     // tests name checkpoint versions, so the kit signs one head, over all
     // of it, once the horizon is past its last event.
     let behind = "SELECT count(*) FROM jobledger.events WHERE txid >= jobledger.log_horizon()";
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    while db.count(behind).await > 0 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the log horizon never passed the kit"
-        );
-        waiting();
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let (db_ref, waiting) = (&db, std::sync::Mutex::new(waiting));
+    let waiting = &waiting;
+    eventually("the log horizon past the kit's events", move || async move {
+        let past = db_ref.count(behind).await == 0;
+        if !past {
+            (waiting.lock().unwrap())();
+        }
+        past
+    })
+    .await;
     let kit = Kit { db, key, public, dir };
     kit.checkpoint().await;
     kit
