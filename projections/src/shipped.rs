@@ -42,7 +42,9 @@ impl Projection for JobTimeline {
     /// rebuild's batch (docs/benchmarks.md). A (job, version) comes twice
     /// only when the reader handed it out early, ahead of its place in log
     /// order (a caller's transaction took its id before an earlier
-    /// version's), and then meets it in log order.
+    /// version's), and then meets it in log order. Runs in the caller's
+    /// transaction (the runner's, which commits each batch): a savepoint
+    /// needs one.
     fn apply<'a>(
         &'a self,
         tx: &'a mut PgConnection,

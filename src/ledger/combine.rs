@@ -12,9 +12,10 @@
 //! of its own. A call that finds one free starts one at once (an idle
 //! ledger adds no wait); the others queue, and a task that finishes takes
 //! everything queued as its next statement (one per actor: the events
-//! record it). A caller that stops waiting before its job is sent takes it
-//! back; once sent, its job may be written, as when a caller alone stops
-//! waiting for a statement in flight. What each job gets does not
+//! record it). A caller that stops waiting before its statement is built
+//! (while queued, or while the statement waits for its connection) takes
+//! its job back; after that, its job may be written, as when a caller
+//! alone stops waiting for a statement in flight. What each job gets does not
 //! change: its own `enqueued` event and hash chain, its own epoch, its own
 //! trace; the call returns once its job is committed (and its wake-up
 //! sent). What changes is that a job commits together with jobs of other
@@ -211,6 +212,12 @@ impl Ledger {
     }
 
     async fn answer(&self, mut together: Vec<Pending>, actor: &str) {
+        // Checked before the connection is taken too: a group whose callers
+        // all left takes none, so the next group does not wait behind it.
+        together.retain(|p| !p.reply.is_closed());
+        if together.is_empty() {
+            return;
+        }
         let mut conn = match self.pool.acquire().await {
             Ok(conn) => conn,
             // The pool's timeout is each call's answer, as alone: none
@@ -223,10 +230,10 @@ impl Ledger {
                 return;
             }
         };
-        // A caller that stopped waiting before its job was sent (while
-        // queued, or while this statement waited for its connection) takes
-        // it back: nothing of it is written, so a keyless job retried after
-        // a timeout is not written twice.
+        // A caller that stopped waiting before its statement is built
+        // (while queued, or while this statement waited for its connection)
+        // takes its job back: nothing of it is written, so a keyless job
+        // retried after a timeout is not written twice.
         together.retain(|p| !p.reply.is_closed());
         if together.len() <= 1 {
             // One call: as alone, on the connection it waited for.
