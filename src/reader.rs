@@ -20,10 +20,11 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 use sqlx::PgPool;
 use std::collections::HashMap;
+use tokio_util::task::AbortOnDropHandle;
 use uuid::Uuid;
 
 use crate::domain::Event;
-use crate::ledger::LedgerResult;
+use crate::ledger::{LedgerError, LedgerResult};
 use crate::store::readers::{self, DataAs, LoggedEvent};
 
 /// Everything at or before `(txid, position)` in the reader's order was handled.
@@ -96,6 +97,29 @@ pub struct HorizonHolder {
 pub struct LogReader {
     pool: PgPool,
     name: String,
+}
+
+fn to_projection_event(e: LogEvent) -> jobledger_projections::Event {
+    jobledger_projections::Event {
+        position: e.position,
+        job_id: e.row.job_id,
+        version: e.row.version,
+        kind: e.row.kind,
+        from_state: e.row.from_state,
+        to_state: e.row.to_state,
+        reason: e.row.reason,
+        error_class: e.row.error_class,
+        actor: e.row.actor,
+        epoch: e.row.epoch,
+        token: e.row.token,
+        attempt: e.row.attempt,
+        run: e.row.run,
+        data: e.row.data,
+        recorded_at: e.row.recorded_at,
+        prev_hash: e.row.prev_hash,
+        hash: e.row.hash,
+        schema: e.row.schema,
+    }
 }
 
 fn to_log(e: LoggedEvent) -> LogEvent {
@@ -372,45 +396,30 @@ impl jobledger_projections::LogSource for LogReader {
             jobledger_projections::ProjectionError,
         >,
     > {
-        Box::pin(async move {
+        // On a task of its own: decoding a batch is about a third of a
+        // rebuild's client work, and the runner reads the next batch while
+        // it applies this one (`Runner::advance`). Polled in the runner's
+        // task, the two took turns on one thread; `jobs_rebuilt`'s rebuild
+        // was bound by that thread (issue 15). Dropping the read aborts it.
+        let reader = self.clone();
+        let read = AbortOnDropHandle::new(tokio::spawn(async move {
             let from = Checkpoint {
                 txid: after.txid,
                 position: after.position,
             };
-            let batch = LogReader::read_data_of(self, from, limit, data_of)
-                .await
-                .map_err(|e| jobledger_projections::ProjectionError::Log(e.to_string()))?;
-            let events = batch
-                .events
-                .into_iter()
-                .map(|e| jobledger_projections::Event {
-                    position: e.position,
-                    job_id: e.row.job_id,
-                    version: e.row.version,
-                    kind: e.row.kind,
-                    from_state: e.row.from_state,
-                    to_state: e.row.to_state,
-                    reason: e.row.reason,
-                    error_class: e.row.error_class,
-                    actor: e.row.actor,
-                    epoch: e.row.epoch,
-                    token: e.row.token,
-                    attempt: e.row.attempt,
-                    run: e.row.run,
-                    data: e.row.data,
-                    recorded_at: e.row.recorded_at,
-                    prev_hash: e.row.prev_hash,
-                    hash: e.row.hash,
-                    schema: e.row.schema,
-                })
-                .collect();
-            Ok((
-                events,
-                jobledger_projections::Checkpoint {
-                    txid: batch.next.txid,
-                    position: batch.next.position,
-                },
-            ))
+            let batch = reader.read_data_of(from, limit, data_of).await?;
+            let events = batch.events.into_iter().map(to_projection_event).collect();
+            let next = jobledger_projections::Checkpoint {
+                txid: batch.next.txid,
+                position: batch.next.position,
+            };
+            Ok::<_, LedgerError>((events, next))
+        }));
+        Box::pin(async move {
+            let log = |e: String| jobledger_projections::ProjectionError::Log(e);
+            read.await
+                .map_err(|e| log(e.to_string()))?
+                .map_err(|e| log(e.to_string()))
         })
     }
 

@@ -2,8 +2,9 @@
 //! same pure `apply` as the inline one; `verify --rebuilt` compares the two.
 
 use jobledger_projections::{BoxFuture, Event as LogEvent, Projection};
-use sqlx::types::Json;
-use sqlx::PgConnection;
+use sqlx::postgres::PgArguments;
+use sqlx::{Arguments, PgConnection};
+use std::borrow::Cow;
 use std::collections::HashMap;
 use uuid::Uuid;
 
@@ -12,8 +13,9 @@ use crate::store::EventRow;
 
 pub struct JobsRebuilt;
 
-fn to_row(e: &LogEvent) -> EventRow {
-    EventRow {
+/// The event as the domain reads it; its data is read where it lies.
+fn to_event(e: &LogEvent) -> Result<crate::domain::Event, String> {
+    let row = EventRow {
         position: e.position,
         job_id: e.job_id,
         version: e.version,
@@ -27,29 +29,63 @@ fn to_row(e: &LogEvent) -> EventRow {
         token: e.token,
         attempt: e.attempt,
         run: e.run,
-        data: e.data.clone(),
+        data: serde_json::Value::Null,
         recorded_at: e.recorded_at,
         prev_hash: e.prev_hash.clone(),
         hash: e.hash.clone(),
         schema: e.schema,
         trace: None,
-    }
+    };
+    row.into_event_with(Cow::Borrowed(&e.data))
+        .map_err(|err| err.to_string())
 }
 
 fn refused(msg: String) -> sqlx::Error {
     sqlx::Error::Protocol(msg)
 }
 
-/// Version 2 (issue 15) keeps each job as `json`, not `jsonb`: the table is
+/// Whether the batch holds each job's whole stream so far: its versions
+/// here run 1, 2, … without a gap (a version may come twice in a row). Such
+/// a job is folded from nothing, without reading its row back: in a rebuild
+/// from position 0 that is every job in the batch that enqueues it. Any
+/// other shape (a redelivered version 1 met after a later one, a stream
+/// that starts mid-way) reads the row back; the reader's early versions
+/// (`Projection::apply`) make both happen.
+fn whole_streams(events: &[LogEvent]) -> HashMap<Uuid, bool> {
+    let mut seen: HashMap<Uuid, (i64, bool)> = HashMap::new();
+    for e in events {
+        seen.entry(e.job_id)
+            .and_modify(|(last, whole)| {
+                *whole &= e.version == *last || e.version == *last + 1;
+                *last = e.version.max(*last);
+            })
+            .or_insert((e.version, e.version == 1));
+    }
+    seen.into_iter().map(|(id, (_, whole))| (id, whole)).collect()
+}
+
+/// A job folded in this batch.
+struct Folded {
+    job: Job,
+    purged: bool,
+    /// Its row was read back (so it is there to update).
+    stored: bool,
+    /// An event of this batch moved it.
+    moved: bool,
+}
+
+/// Version 2 (issue 15) kept each job as `json`, not `jsonb`: the table is
 /// written and read as whole documents, and parsing them into `jsonb` and
-/// printing them back was a third of a rebuild's time. SQL over it still
-/// works (`job->>'state'`), a little slower.
+/// printing them back was a third of a rebuild's time. Version 3 keeps
+/// the same JSON as `text`: `json` checks every document's syntax on the
+/// way in, 36 ms of a 60 ms insert of 10,000 documents (psql), for
+/// documents serde just wrote. SQL over it casts: `job::json->>'state'`.
 impl Projection for JobsRebuilt {
     fn name(&self) -> &str {
         "jobs_rebuilt"
     }
     fn version(&self) -> i32 {
-        2
+        3
     }
     fn create<'a>(
         &'a self,
@@ -59,7 +95,7 @@ impl Projection for JobsRebuilt {
         Box::pin(async move {
             sqlx::query(&format!(
                 "CREATE TABLE {table} (job_id uuid PRIMARY KEY, state text NOT NULL, version bigint NOT NULL, \
-                 purged boolean NOT NULL, job json NOT NULL)"
+                 purged boolean NOT NULL, job text NOT NULL)"
             ))
             .execute(&mut *tx)
             .await?;
@@ -67,8 +103,9 @@ impl Projection for JobsRebuilt {
         })
     }
 
-    /// Loads the batch's jobs, folds their events (skipping versions already
-    /// applied: redeliveries), writes them back in one statement.
+    /// Loads the batch's jobs it does not hold whole (`whole_streams`),
+    /// folds their events (skipping versions already applied:
+    /// redeliveries), writes back the jobs that moved.
     fn apply<'a>(
         &'a self,
         tx: &'a mut PgConnection,
@@ -76,80 +113,159 @@ impl Projection for JobsRebuilt {
         events: &'a [LogEvent],
     ) -> BoxFuture<'a, Result<(), sqlx::Error>> {
         Box::pin(async move {
-            let mut ids: Vec<Uuid> = events.iter().map(|e| e.job_id).collect();
-            ids.sort();
-            ids.dedup();
-            let rows: Vec<(Uuid, bool, Json<Job>)> = sqlx::query_as(&format!(
-                "SELECT job_id, purged, job FROM {table} WHERE job_id = ANY($1)"
-            ))
-            .bind(&ids)
-            .fetch_all(&mut *tx)
-            .await?;
-            let mut jobs: HashMap<Uuid, (Job, bool)> = rows
-                .into_iter()
-                .map(|(id, purged, Json(job))| (id, (job, purged)))
-                .collect();
+            let mut jobs = read_back(tx, table, events).await?;
             for e in events {
-                let current = jobs.get(&e.job_id);
-                if current.is_some_and(|(j, _)| j.version >= e.version) {
-                    continue;
-                }
-                // An event of a schema newer than this build fails the
-                // batch: an upgrade reads it. Any other event that does not
-                // parse or that `apply` refuses was written around the write
-                // path (a forged token, edited data, an edited chain): it
-                // leaves its job at the last event it accepted, and so every
-                // later one (each is refused for the gap). Failing the batch
-                // instead stopped this projection for every job behind it,
-                // for good. The job then differs from the inline row, or is
-                // missing, and `verify --rebuilt` names it; `verify` names
-                // the event.
-                if e.schema > crate::domain::schema::CURRENT {
-                    return Err(refused(format!(
-                        "job {} v{}: event schema {} is newer than this build reads: upgrade jobledger",
-                        e.job_id, e.version, e.schema
-                    )));
-                }
-                let read = to_row(e).into_event().map_err(|err| err.to_string());
-                let (next, ev) = match read.and_then(|ev| {
-                    apply(current.map(|(j, _)| j), &ev)
-                        .map(|next| (next, ev))
-                        .map_err(|err| err.to_string())
-                }) {
-                    Ok(applied) => applied,
-                    Err(err) => {
-                        tracing::warn!(job_id = %e.job_id, version = e.version, %err,
-                            "jobs_rebuilt: the log's event is refused; the job stays at its last accepted event");
-                        continue;
-                    }
-                };
-                jobs.insert(e.job_id, (next, matches!(ev.body, EventBody::Purged {})));
+                fold(&mut jobs, e)?;
             }
-            let (mut id, mut state, mut version, mut purged, mut doc) =
-                (vec![], vec![], vec![], vec![], vec![]);
-            for (k, (j, p)) in jobs {
-                id.push(k);
-                state.push(j.state.as_str().to_string());
-                version.push(j.version);
-                purged.push(p);
-                doc.push(serde_json::to_string(&j).expect("jobs serialise"));
-            }
-            // Sent as text and cast: `json` only checks the syntax.
-            sqlx::query(&format!(
-                "INSERT INTO {table} SELECT u.id, u.state, u.version, u.purged, u.doc::json \
-                 FROM UNNEST($1::uuid[], $2::text[], $3::int8[], $4::bool[], $5::text[]) AS u(id, state, version, purged, doc) \
-                 ON CONFLICT (job_id) DO UPDATE SET state = EXCLUDED.state, version = EXCLUDED.version, \
-                 purged = EXCLUDED.purged, job = EXCLUDED.job"
-            ))
-            .bind(id)
-            .bind(state)
-            .bind(version)
-            .bind(purged)
-            .bind(doc)
-            .execute(&mut *tx)
-            .await?;
-            Ok(())
+            write(tx, table, jobs.into_values().filter(|f| f.moved)).await
         })
+    }
+}
+
+async fn read_back(
+    tx: &mut PgConnection,
+    table: &str,
+    events: &[LogEvent],
+) -> Result<HashMap<Uuid, Folded>, sqlx::Error> {
+    let mut ids: Vec<Uuid> = whole_streams(events)
+        .into_iter()
+        .filter_map(|(id, whole)| (!whole).then_some(id))
+        .collect();
+    if ids.is_empty() {
+        return Ok(HashMap::new()); // a batch of new jobs: no round trip
+    }
+    ids.sort();
+    let rows: Vec<(Uuid, bool, String)> = sqlx::query_as(&format!(
+        "SELECT job_id, purged, job FROM {table} WHERE job_id = ANY($1)"
+    ))
+    .bind(&ids)
+    .fetch_all(&mut *tx)
+    .await?;
+    rows.into_iter()
+        .map(|(id, purged, doc)| {
+            let job: Job = serde_json::from_str(&doc).map_err(|e| sqlx::Error::Decode(Box::new(e)))?;
+            Ok((
+                id,
+                Folded {
+                    job,
+                    purged,
+                    stored: true,
+                    moved: false,
+                },
+            ))
+        })
+        .collect()
+}
+
+/// Applies one event to its job, unless the job is already at or past it.
+fn fold(jobs: &mut HashMap<Uuid, Folded>, e: &LogEvent) -> Result<(), sqlx::Error> {
+    let current = jobs.get(&e.job_id);
+    if current.is_some_and(|f| f.job.version >= e.version) {
+        return Ok(());
+    }
+    // An event of a schema newer than this build fails the batch: an
+    // upgrade reads it. Any other event that does not parse or that `apply`
+    // refuses was written around the write path (a forged token, edited
+    // data, an edited chain): it leaves its job at the last event it
+    // accepted, and so every later one (each is refused for the gap).
+    // Failing the batch instead stopped this projection for every job
+    // behind it, for good. The job then differs from the inline row, or is
+    // missing, and `verify --rebuilt` names it; `verify` names the event.
+    if e.schema > crate::domain::schema::CURRENT {
+        return Err(refused(format!(
+            "job {} v{}: event schema {} is newer than this build reads: upgrade jobledger",
+            e.job_id, e.version, e.schema
+        )));
+    }
+    let applied = to_event(e).and_then(|ev| {
+        apply(current.map(|f| &f.job), &ev)
+            .map(|next| (next, matches!(ev.body, EventBody::Purged {})))
+            .map_err(|err| err.to_string())
+    });
+    match applied {
+        Ok((job, purged)) => {
+            let stored = current.is_some_and(|f| f.stored);
+            jobs.insert(
+                e.job_id,
+                Folded {
+                    job,
+                    purged,
+                    stored,
+                    moved: true,
+                },
+            );
+        }
+        Err(err) => tracing::warn!(job_id = %e.job_id, version = e.version, %err,
+            "jobs_rebuilt: the log's event is refused; the job stays at its last accepted event"),
+    }
+    Ok(())
+}
+
+/// Jobs read back are updated; the others inserted plainly, and only when
+/// one meets a row (a redelivered stream) does the insert become an upsert
+/// that keeps whichever version is newer. In psql, 10,000 documents: 59–66
+/// ms inserted plainly, 86–94 ms with `ON CONFLICT`; updated 114 ms, 166 ms
+/// through `ON CONFLICT … DO UPDATE`.
+async fn write(
+    tx: &mut PgConnection,
+    table: &str,
+    moved: impl Iterator<Item = Folded>,
+) -> Result<(), sqlx::Error> {
+    let (mut old, mut new) = (Columns::default(), Columns::default());
+    for f in moved {
+        if f.stored { &mut old } else { &mut new }.push(f);
+    }
+    let rows = "UNNEST($1::uuid[], $2::text[], $3::int8[], $4::bool[], $5::text[]) AS u(id, state, version, purged, doc)";
+    if !old.id.is_empty() {
+        sqlx::query_with(
+            &format!(
+                "UPDATE {table} t SET state = u.state, version = u.version, purged = u.purged, job = u.doc \
+                 FROM {rows} WHERE t.job_id = u.id"
+            ),
+            old.args()?,
+        )
+        .execute(&mut *tx)
+        .await?;
+    }
+    if !new.id.is_empty() {
+        let insert = format!("INSERT INTO {table} SELECT * FROM {rows}");
+        let upsert = format!(
+            "{insert} ON CONFLICT (job_id) DO UPDATE SET state = EXCLUDED.state, version = EXCLUDED.version, \
+             purged = EXCLUDED.purged, job = EXCLUDED.job WHERE {table}.version < EXCLUDED.version"
+        );
+        jobledger_projections::insert_plainly(tx, &insert, &upsert, new.args()?).await?;
+    }
+    Ok(())
+}
+
+#[derive(Default)]
+struct Columns {
+    id: Vec<Uuid>,
+    state: Vec<&'static str>,
+    version: Vec<i64>,
+    purged: Vec<bool>,
+    doc: Vec<String>,
+}
+
+impl Columns {
+    fn push(&mut self, f: Folded) {
+        self.id.push(f.job.job_id);
+        self.state.push(f.job.state.as_str());
+        self.version.push(f.job.version);
+        self.purged.push(f.purged);
+        self.doc
+            .push(serde_json::to_string(&f.job).expect("jobs serialise"));
+    }
+
+    fn args(self) -> Result<PgArguments, sqlx::Error> {
+        let mut args = PgArguments::default();
+        let enc = sqlx::Error::Encode;
+        args.add(self.id).map_err(enc)?;
+        args.add(self.state).map_err(enc)?;
+        args.add(self.version).map_err(enc)?;
+        args.add(self.purged).map_err(enc)?;
+        args.add(self.doc).map_err(enc)?;
+        Ok(args)
     }
 }
 

@@ -295,6 +295,13 @@ proptest! {
             let before = job.clone();
             match decide(&job, &cmd, &Ctx { now, actor: "t".into(), jitter, trace: None }) {
                 Ok(ev) => {
+                    // Read back from its columns, the body is itself,
+                    // borrowed or owned, as through a tagged JSON object.
+                    let (kind, data) = ev.body.to_parts();
+                    prop_assert_eq!(&EventBody::from_parts(&kind, &data).unwrap(), &ev.body);
+                    prop_assert_eq!(&EventBody::from_parts_owned(&kind, data.clone()).unwrap(), &ev.body);
+                    let tagged: EventBody = serde_json::from_value(json!({"type": kind, "data": data})).unwrap();
+                    prop_assert_eq!(&tagged, &ev.body);
                     // A writer that does not hold the current token changes
                     // nothing but observations.
                     if let Some(f) = cmd.fence() {
@@ -372,4 +379,27 @@ proptest! {
         prop_assert_eq!(&ev.hash, &expected);
         prop_assert_eq!(event_hash(&ev), expected);
     }
+}
+
+/// A body whose type is unknown, or whose data lacks a field, is refused
+/// when read from its columns, borrowed or owned.
+#[test]
+fn a_body_read_from_bad_columns_is_refused() {
+    for (kind, data) in [
+        ("no_such_event", json!({})),
+        ("claimed", json!({"lease_until": "2026-01-01T00:00:00Z"})),
+        ("purged", json!(5)),
+    ] {
+        assert!(EventBody::from_parts(kind, &data).is_err(), "{kind} {data}");
+        assert!(
+            EventBody::from_parts_owned(kind, data.clone()).is_err(),
+            "{kind} {data}"
+        );
+        let tagged = serde_json::from_value::<EventBody>(json!({"type": kind, "data": data}));
+        assert!(tagged.is_err(), "{kind} {data}");
+    }
+    assert_eq!(
+        EventBody::from_parts("purged", &json!({})).unwrap(),
+        EventBody::Purged {}
+    );
 }

@@ -24,6 +24,44 @@ use uuid::Uuid;
 
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
+const UNIQUE_VIOLATION: &str = "23505";
+
+/// Runs the plain insert `plain` under a savepoint, and only when it meets
+/// a row the table already has undoes it and runs `fallback` (its
+/// idempotent form: `ON CONFLICT …`) with the same arguments. `ON CONFLICT`
+/// costs every row a speculative insertion (in psql, 10,000 timeline rows
+/// took 26 ms with it and 13 ms without; 10,000 `jobs_rebuilt` documents
+/// 86–94 ms and 59–66 ms), and a (job, version) comes twice only when the
+/// reader handed it out early, ahead of its place in log order (a caller's
+/// transaction took its id before an earlier version's), and then meets it
+/// in log order. Needs a transaction (the runner's, which commits each
+/// batch); the savepoint is released either way, so a caller applying many
+/// batches in one transaction does not nest them.
+pub async fn insert_plainly(
+    tx: &mut PgConnection,
+    plain: &str,
+    fallback: &str,
+    args: sqlx::postgres::PgArguments,
+) -> Result<(), sqlx::Error> {
+    sqlx::query("SAVEPOINT jobledger_plain_insert")
+        .execute(&mut *tx)
+        .await?;
+    match sqlx::query_with(plain, args.clone()).execute(&mut *tx).await {
+        Ok(_) => {}
+        Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some(UNIQUE_VIOLATION) => {
+            sqlx::query("ROLLBACK TO SAVEPOINT jobledger_plain_insert")
+                .execute(&mut *tx)
+                .await?;
+            sqlx::query_with(fallback, args).execute(&mut *tx).await?;
+        }
+        Err(e) => return Err(e),
+    }
+    sqlx::query("RELEASE SAVEPOINT jobledger_plain_insert")
+        .execute(&mut *tx)
+        .await?;
+    Ok(())
+}
+
 /// Everything at or before `(txid, position)` in the reader's order is applied.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Checkpoint {
@@ -122,9 +160,9 @@ pub trait Projection: Send + Sync {
     }
     /// Applies a batch (set-based, idempotent per (job, version)). A
     /// (job, version) comes again when the reader handed it out early, ahead
-    /// of its place in log order, and then meets it there; `JobTimeline`
-    /// shows a cheap way: a plain insert, redone idempotently under a
-    /// savepoint only when it meets a row it has.
+    /// of its place in log order, and then meets it there;
+    /// [`insert_plainly`] is a cheap way: a plain insert, redone
+    /// idempotently under a savepoint only when it meets a row it has.
     fn apply<'a>(
         &'a self,
         tx: &'a mut PgConnection,

@@ -1,6 +1,7 @@
 //! Projections shipped with the crate.
 
-use sqlx::PgConnection;
+use sqlx::postgres::PgArguments;
+use sqlx::{Arguments, PgConnection};
 
 use crate::{BoxFuture, Event, Projection};
 
@@ -35,16 +36,8 @@ impl Projection for JobTimeline {
             Ok(())
         })
     }
-    /// A plain insert, under a savepoint; the idempotent one only when the
-    /// plain one meets a row it already has. `ON CONFLICT` costs every row a
-    /// speculative insertion: in psql, 10,000 timeline rows took 26 ms with
-    /// it and 13 ms without, and the insert is the longer half of a
-    /// rebuild's batch (docs/benchmarks.md). A (job, version) comes twice
-    /// only when the reader handed it out early, ahead of its place in log
-    /// order (a caller's transaction took its id before an earlier
-    /// version's), and then meets it in log order. Runs in the caller's
-    /// transaction (the runner's, which commits each batch): a savepoint
-    /// needs one.
+    /// A plain insert; the idempotent one only when the plain one meets a
+    /// row the table has ([`crate::insert_plainly`]).
     fn apply<'a>(
         &'a self,
         tx: &'a mut PgConnection,
@@ -52,55 +45,32 @@ impl Projection for JobTimeline {
         events: &'a [Event],
     ) -> BoxFuture<'a, Result<(), sqlx::Error>> {
         Box::pin(async move {
-            sqlx::query("SAVEPOINT job_timeline_plain")
-                .execute(&mut *tx)
-                .await?;
-            match insert_timeline(tx, table, events, "").await {
-                Ok(()) => {}
-                Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some(UNIQUE_VIOLATION) => {
-                    sqlx::query("ROLLBACK TO SAVEPOINT job_timeline_plain")
-                        .execute(&mut *tx)
-                        .await?;
-                    insert_timeline(tx, table, events, " ON CONFLICT DO NOTHING").await?;
-                }
-                Err(e) => return Err(e),
-            }
-            // Released either way (`ROLLBACK TO` keeps it): a caller applying
-            // many batches in one transaction does not nest.
-            sqlx::query("RELEASE SAVEPOINT job_timeline_plain")
-                .execute(&mut *tx)
-                .await?;
-            Ok(())
+            let insert = format!(
+                "INSERT INTO {table} SELECT * FROM UNNEST($1::uuid[], $2::int8[], $3::int8[], $4::timestamptz[], \
+                 $5::text[], $6::text[], $7::text[], $8::text[], $9::text[], $10::int8[])"
+            );
+            let fallback = format!("{insert} ON CONFLICT DO NOTHING");
+            crate::insert_plainly(tx, &insert, &fallback, timeline_rows(events)?).await
         })
     }
 }
 
-const UNIQUE_VIOLATION: &str = "23505";
-
-async fn insert_timeline(
-    tx: &mut PgConnection,
-    table: &str,
-    events: &[Event],
-    on_conflict: &str,
-) -> Result<(), sqlx::Error> {
+/// The batch's rows, as the insert's arguments.
+fn timeline_rows(events: &[Event]) -> Result<PgArguments, sqlx::Error> {
     let col = |f: fn(&Event) -> String| events.iter().map(f).collect::<Vec<_>>();
-    sqlx::query(&format!(
-        "INSERT INTO {table} SELECT * FROM UNNEST($1::uuid[], $2::int8[], $3::int8[], $4::timestamptz[], \
-         $5::text[], $6::text[], $7::text[], $8::text[], $9::text[], $10::int8[]){on_conflict}"
-    ))
-    .bind(events.iter().map(|e| e.job_id).collect::<Vec<_>>())
-    .bind(events.iter().map(|e| e.version).collect::<Vec<_>>())
-    .bind(events.iter().map(|e| e.position).collect::<Vec<_>>())
-    .bind(events.iter().map(|e| e.recorded_at).collect::<Vec<_>>())
-    .bind(col(|e| e.kind.clone()))
-    .bind(events.iter().map(|e| e.from_state.clone()).collect::<Vec<_>>())
-    .bind(col(|e| e.to_state.clone()))
-    .bind(col(|e| e.reason.clone()))
-    .bind(col(|e| e.actor.clone()))
-    .bind(events.iter().map(|e| e.token).collect::<Vec<_>>())
-    .execute(tx)
-    .await?;
-    Ok(())
+    let mut args = PgArguments::default();
+    let add = |r: Result<(), sqlx::error::BoxDynError>| r.map_err(sqlx::Error::Encode);
+    add(args.add(events.iter().map(|e| e.job_id).collect::<Vec<_>>()))?;
+    add(args.add(events.iter().map(|e| e.version).collect::<Vec<_>>()))?;
+    add(args.add(events.iter().map(|e| e.position).collect::<Vec<_>>()))?;
+    add(args.add(events.iter().map(|e| e.recorded_at).collect::<Vec<_>>()))?;
+    add(args.add(col(|e| e.kind.clone())))?;
+    add(args.add(events.iter().map(|e| e.from_state.clone()).collect::<Vec<_>>()))?;
+    add(args.add(col(|e| e.to_state.clone())))?;
+    add(args.add(col(|e| e.reason.clone())))?;
+    add(args.add(col(|e| e.actor.clone())))?;
+    add(args.add(events.iter().map(|e| e.token).collect::<Vec<_>>()))?;
+    Ok(args)
 }
 
 /// Per queue: jobs in each state, takeovers, and when the oldest unfinished

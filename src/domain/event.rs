@@ -202,17 +202,29 @@ impl EventBody {
         (self.type_name().to_string(), data)
     }
 
-    /// Rebuilds from the `type` and `data` columns.
+    /// Rebuilds from the `type` and `data` columns, reading `data` where it
+    /// lies (no copy).
     pub fn from_parts(kind: &str, data: &Value) -> Result<Self, serde_json::Error> {
-        Self::from_parts_owned(kind, data.clone())
+        Self::tagged(&Value::String(kind.into()), data)
     }
 
     /// `from_parts`, consuming the data.
     pub fn from_parts_owned(kind: &str, data: Value) -> Result<Self, serde_json::Error> {
-        let mut m = serde_json::Map::new();
-        m.insert("type".into(), Value::String(kind.into()));
-        m.insert("data".into(), data);
-        serde_json::from_value(Value::Object(m))
+        Self::tagged(Value::String(kind.into()), data)
+    }
+
+    /// The body read from a map that yields `type` before `data`. A
+    /// `serde_json::Map` sorts `data` first, and an adjacently tagged enum
+    /// that meets its content before its tag buffers all of it in serde's
+    /// intermediate form and then reads it again (issue 15: rebuilds).
+    fn tagged<'de, V>(tag: V, data: V) -> Result<Self, serde_json::Error>
+    where
+        V: serde::de::IntoDeserializer<'de, serde_json::Error>,
+    {
+        // By value: it also refuses a key left over.
+        Self::deserialize(serde::de::value::MapDeserializer::new(
+            [("type", tag), ("data", data)].into_iter(),
+        ))
     }
 }
 

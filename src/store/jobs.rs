@@ -456,7 +456,7 @@ pub async fn states_in_queue<'e>(
 /// The rebuilt projection's live jobs (`jobledger_proj.jobs_rebuilt`).
 pub async fn rebuilt_jobs<'e>(exec: impl PgExecutor<'e>) -> StoreResult<Vec<(Uuid, serde_json::Value)>> {
     Ok(
-        sqlx::query_as("SELECT job_id, job FROM jobledger_proj.jobs_rebuilt WHERE NOT purged")
+        sqlx::query_as("SELECT job_id, job::json FROM jobledger_proj.jobs_rebuilt WHERE NOT purged")
             .fetch_all(exec)
             .await?,
     )

@@ -220,9 +220,27 @@ impl EventRow {
     }
 
     /// `to_event`, consuming the row (no copy of its data).
-    pub fn into_event(self) -> Result<Event, StoreError> {
+    pub fn into_event(mut self) -> Result<Event, StoreError> {
+        let data = std::mem::take(&mut self.data);
+        self.into_event_with(std::borrow::Cow::Owned(data))
+    }
+
+    /// `into_event` with the event's data given apart from the row (whose
+    /// own is ignored): read where it lies, with no copy, when it is in the
+    /// current schema. `jobs_rebuilt` folds borrowed events.
+    pub fn into_event_with(self, data: std::borrow::Cow<'_, Value>) -> Result<Event, StoreError> {
+        use crate::domain::schema::{upcast_owned, CURRENT};
         use crate::domain::ErrorClass;
         let state = |s: &str| JobState::parse(s).ok_or_else(|| corrupt("state", s));
+        let body = match data {
+            std::borrow::Cow::Borrowed(d) if self.schema == CURRENT => {
+                EventBody::from_parts(&self.kind, d).map_err(|e| e.to_string())
+            }
+            d => upcast_owned(self.schema, &self.kind, d.into_owned())
+                .map_err(|e| e.to_string())
+                .and_then(|data| EventBody::from_parts_owned(&self.kind, data).map_err(|e| e.to_string())),
+        }
+        .map_err(|e| StoreError::Corrupt(format!("event {} v{}: {e}", self.job_id, self.version)))?;
         Ok(Event {
             job_id: self.job_id,
             version: self.version,
@@ -238,12 +256,9 @@ impl EventRow {
                 .as_deref()
                 .map(|c| ErrorClass::parse(c).ok_or_else(|| corrupt("error class", c)))
                 .transpose()?,
-            actor: self.actor.clone(),
+            actor: self.actor,
             recorded_at: self.recorded_at,
-            body: crate::domain::schema::upcast_owned(self.schema, &self.kind, self.data)
-                .map_err(|e| e.to_string())
-                .and_then(|data| EventBody::from_parts_owned(&self.kind, data).map_err(|e| e.to_string()))
-                .map_err(|e| StoreError::Corrupt(format!("event {} v{}: {e}", self.job_id, self.version)))?,
+            body,
             prev_hash: self.prev_hash,
             hash: self.hash,
         })
