@@ -403,3 +403,29 @@ fn a_body_read_from_bad_columns_is_refused() {
         EventBody::Purged {}
     );
 }
+
+/// Shapes the writer never makes, that serde's buffered reading of a tagged
+/// object takes (a unit variant as a one-key map, a variant by its index),
+/// read from the columns as that reading reads them: an edited event in
+/// such a shape is named by its hash, as before, not by its parse.
+#[test]
+fn odd_shapes_read_from_the_columns_as_the_tagged_object_reads_them() {
+    for (kind, data) in [
+        (
+            "claimed",
+            json!({"holder": "w", "lease_until": "2026-12-02T18:38:54Z", "next_action": {"execute": {}}}),
+        ),
+        (
+            "claimed",
+            json!({"holder": "w", "lease_until": "2026-12-02T18:38:54Z", "next_action": "execute"}),
+        ),
+    ] {
+        let tagged = serde_json::from_value::<EventBody>(json!({"type": kind, "data": data})).unwrap();
+        assert_eq!(EventBody::from_parts(kind, &data).unwrap(), tagged, "{data}");
+        assert_eq!(
+            EventBody::from_parts_owned(kind, data.clone()).unwrap(),
+            tagged,
+            "{data}"
+        );
+    }
+}

@@ -398,3 +398,38 @@ async fn an_event_of_a_newer_schema_stops_jobs_rebuilt_asking_for_an_upgrade() {
         .expect_err("an unreadable schema stops the projection");
     assert!(err.to_string().contains("upgrade jobledger"), "{err}");
 }
+
+/// `jobs_rebuilt` keeps each job's JSON as text (version 3). A row edited
+/// into text that does not parse is named by `verify --rebuilt`'s
+/// comparison, which still compares the others; `projections query` shows
+/// the parsed rows as objects and the broken one as the string it is.
+#[tokio::test]
+async fn a_rebuilt_row_that_does_not_parse_is_named_and_the_rest_shown_as_objects() {
+    let db = fresh().await;
+    let broken = db.enqueue(Some("k-broken"), json!({"n": 1})).await;
+    let fine = db.enqueue(Some("k-fine"), json!({"n": 2})).await;
+    common::catch_up_jobs_rebuilt(&db, 10).await.unwrap();
+    sqlx::query("UPDATE jobledger_proj.jobs_rebuilt SET job = left(job, 20) WHERE job_id = $1")
+        .bind(broken.job_id)
+        .execute(db.ledger.pool())
+        .await
+        .unwrap();
+    let problems = db.ledger.compare_rebuilt().await.expect("compared");
+    let named: Vec<(Uuid, bool)> = problems
+        .iter()
+        .map(|p| (p.job_id, p.detail.starts_with("unreadable rebuilt row")))
+        .collect();
+    assert_eq!(named, vec![(broken.job_id, true)], "{problems:?}");
+    let shown = db
+        .ledger
+        .projection_rows("jobs_rebuilt", Some(fine.job_id))
+        .await
+        .unwrap();
+    assert_eq!(shown[0]["job"]["state"], "queued", "{shown:?}");
+    let shown = db
+        .ledger
+        .projection_rows("jobs_rebuilt", Some(broken.job_id))
+        .await
+        .unwrap();
+    assert!(shown[0]["job"].is_string(), "{shown:?}");
+}

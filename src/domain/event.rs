@@ -205,22 +205,34 @@ impl EventBody {
     /// Rebuilds from the `type` and `data` columns, reading `data` where it
     /// lies (no copy).
     pub fn from_parts(kind: &str, data: &Value) -> Result<Self, serde_json::Error> {
-        Self::tagged(&Value::String(kind.into()), data)
+        Self::tagged(&Value::String(kind.into()), data).or_else(|_| Self::buffered(kind, data.clone()))
     }
 
     /// `from_parts`, consuming the data.
     pub fn from_parts_owned(kind: &str, data: Value) -> Result<Self, serde_json::Error> {
-        Self::tagged(Value::String(kind.into()), data)
+        match Self::tagged(&Value::String(kind.into()), &data) {
+            Ok(body) => Ok(body),
+            Err(_) => Self::buffered(kind, data),
+        }
+    }
+
+    /// The reading through serde's buffered form, which `tagged` falls back
+    /// to when it refuses: that form also takes a few shapes the writer never
+    /// makes (a unit variant as `{"execute": {}}`, a variant by its index),
+    /// and an edited event in such a shape must read as it always did, so
+    /// that `verify` names its hash, not its parse (review of issue 15).
+    fn buffered(kind: &str, data: Value) -> Result<Self, serde_json::Error> {
+        let mut m = serde_json::Map::new();
+        m.insert("type".into(), Value::String(kind.into()));
+        m.insert("data".into(), data);
+        serde_json::from_value(Value::Object(m))
     }
 
     /// The body read from a map that yields `type` before `data`. A
     /// `serde_json::Map` sorts `data` first, and an adjacently tagged enum
     /// that meets its content before its tag buffers all of it in serde's
     /// intermediate form and then reads it again (issue 15: rebuilds).
-    fn tagged<'de, V>(tag: V, data: V) -> Result<Self, serde_json::Error>
-    where
-        V: serde::de::IntoDeserializer<'de, serde_json::Error>,
-    {
+    fn tagged(tag: &Value, data: &Value) -> Result<Self, serde_json::Error> {
         // By value: it also refuses a key left over.
         Self::deserialize(serde::de::value::MapDeserializer::new(
             [("type", tag), ("data", data)].into_iter(),

@@ -453,10 +453,12 @@ pub async fn states_in_queue<'e>(
     )
 }
 
-/// The rebuilt projection's live jobs (`jobledger_proj.jobs_rebuilt`).
-pub async fn rebuilt_jobs<'e>(exec: impl PgExecutor<'e>) -> StoreResult<Vec<(Uuid, serde_json::Value)>> {
+/// The rebuilt projection's live jobs (`jobledger_proj.jobs_rebuilt`), each
+/// as the JSON text it keeps: the caller parses it, so a row that does not
+/// parse is named rather than failing the read.
+pub async fn rebuilt_jobs<'e>(exec: impl PgExecutor<'e>) -> StoreResult<Vec<(Uuid, String)>> {
     Ok(
-        sqlx::query_as("SELECT job_id, job::json FROM jobledger_proj.jobs_rebuilt WHERE NOT purged")
+        sqlx::query_as("SELECT job_id, job FROM jobledger_proj.jobs_rebuilt WHERE NOT purged")
             .fetch_all(exec)
             .await?,
     )
