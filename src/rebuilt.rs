@@ -272,6 +272,19 @@ impl Columns {
     }
 }
 
+/// Rows of the view as `projections query` shows them: each job's JSON
+/// text (version 3) as the object it is; a row whose text does not parse
+/// stays a string.
+pub(crate) fn show_documents(rows: &mut [serde_json::Value]) {
+    for row in rows {
+        if let Some(job) = row.get_mut("job") {
+            if let Some(parsed) = job.as_str().and_then(|t| serde_json::from_str(t).ok()) {
+                *job = parsed;
+            }
+        }
+    }
+}
+
 impl crate::ledger::Ledger {
     /// Compares `jobs_rebuilt` (caught up by the caller) with the inline
     /// projection: every live job equal, none missing on either side.

@@ -5,6 +5,7 @@
 mod common;
 
 use common::fresh;
+use jobledger::rebuilt::JobsRebuilt;
 use jobledger_projections::shipped::JobTimeline;
 use jobledger_projections::{Event, Projection};
 use serde_json::Value;
@@ -67,15 +68,10 @@ async fn a_redelivered_version_changes_nothing_and_the_batch_is_written() {
     assert!(left.to_string().contains("does not exist"), "{left}");
 }
 
-/// `jobs_rebuilt` folds a job whose stream a batch holds whole (versions 1,
-/// 2, … without a gap) from nothing, without reading its row back; any
-/// other shape reads it back. Each batch below is one the reader can hand
-/// out: versions handed out early come again in log order.
-#[tokio::test]
-async fn jobs_rebuilt_meets_redelivered_streams_at_their_newest_version() {
-    use jobledger::rebuilt::JobsRebuilt;
+/// One job enqueued, claimed and completed, and its three events as the
+/// log hands them to projections.
+async fn finished_job(db: &common::TestDb) -> (Uuid, Vec<Event>) {
     use jobledger_projections::{Checkpoint, LogSource};
-    let db = fresh().await;
     let job = db.enqueue(None, serde_json::json!({"n": 1})).await;
     let lease = db.claim_one("w").await;
     assert!(lease.complete(None).await.unwrap().committed());
@@ -87,6 +83,17 @@ async fn jobs_rebuilt_meets_redelivered_streams_at_their_newest_version() {
         .unwrap();
     let v: Vec<Event> = log.into_iter().filter(|e| e.job_id == job.job_id).collect();
     assert_eq!(v.iter().map(|e| e.version).collect::<Vec<_>>(), [1, 2, 3]);
+    (job.job_id, v)
+}
+
+/// `jobs_rebuilt` folds a job whose stream a batch holds whole (versions 1,
+/// 2, … without a gap) from nothing, without reading its row back; any
+/// other shape reads it back. Each batch below is one the reader can hand
+/// out: versions handed out early come again in log order.
+#[tokio::test]
+async fn jobs_rebuilt_meets_redelivered_streams_at_their_newest_version() {
+    let db = fresh().await;
+    let (job, v) = finished_job(&db).await;
     let table = "public.rebuilt_redelivery";
     let mut tx = db.ledger.pool().begin().await.unwrap();
     JobsRebuilt.create(&mut tx, table).await.unwrap();
@@ -110,7 +117,7 @@ async fn jobs_rebuilt_meets_redelivered_streams_at_their_newest_version() {
         .await
         .unwrap();
     let rebuilt: jobledger::domain::Job = serde_json::from_str(&doc).unwrap();
-    assert_eq!(rebuilt, db.job(job.job_id).await);
+    assert_eq!(rebuilt, db.job(job).await);
 }
 
 /// A stream redelivered with an event of a schema newer than this build,
@@ -118,19 +125,8 @@ async fn jobs_rebuilt_meets_redelivered_streams_at_their_newest_version() {
 /// and skipped, not refused: only an event still to apply fails the batch.
 #[tokio::test]
 async fn jobs_rebuilt_skips_a_redelivered_event_of_a_newer_schema() {
-    use jobledger::rebuilt::JobsRebuilt;
-    use jobledger_projections::{Checkpoint, LogSource};
     let db = fresh().await;
-    let job = db.enqueue(None, serde_json::json!({"n": 1})).await;
-    let lease = db.claim_one("w").await;
-    assert!(lease.complete(None).await.unwrap().committed());
-    let reader = jobledger::reader::LogReader::open(db.ledger.pool().clone(), "redelivery")
-        .await
-        .unwrap();
-    let (mut v, _) = LogSource::read(&reader, Checkpoint::default(), 10, None)
-        .await
-        .unwrap();
-    v.retain(|e| e.job_id == job.job_id);
+    let (_, mut v) = finished_job(&db).await;
     let table = "public.rebuilt_newer";
     let mut tx = db.ledger.pool().begin().await.unwrap();
     JobsRebuilt.create(&mut tx, table).await.unwrap();

@@ -489,7 +489,11 @@ impl Ledger {
     }
 
     pub async fn projection_rows(&self, view: &str, job: Option<Uuid>) -> LedgerResult<Vec<Value>> {
-        Ok(events::projection_rows(&self.pool, view, job).await?)
+        let mut rows = events::projection_rows(&self.pool, view, job).await?;
+        if view == "jobs_rebuilt" {
+            crate::rebuilt::show_documents(&mut rows);
+        }
+        Ok(rows)
     }
 
     /// The overview's figures: events per minute by type over the last

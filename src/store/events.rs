@@ -214,17 +214,5 @@ pub async fn projection_rows<'e>(
         Some(j) => q.bind(j),
         None => q,
     };
-    let mut rows: Vec<serde_json::Value> = q.fetch_all(exec).await?;
-    // `jobs_rebuilt` keeps each job's JSON as text (version 3): shown as the
-    // object it is. A row whose text does not parse stays a string.
-    if view == "jobs_rebuilt" {
-        for row in &mut rows {
-            if let Some(job) = row.get_mut("job") {
-                if let Some(parsed) = job.as_str().and_then(|t| serde_json::from_str(t).ok()) {
-                    *job = parsed;
-                }
-            }
-        }
-    }
-    Ok(rows)
+    Ok(q.fetch_all(exec).await?)
 }
