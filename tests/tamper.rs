@@ -432,4 +432,21 @@ async fn a_rebuilt_row_that_does_not_parse_is_named_and_the_rest_shown_as_object
         .await
         .unwrap();
     assert!(shown[0]["job"].is_string(), "{shown:?}");
+    // The broken row stops only its own job: the batch that moves it and
+    // a new job is applied, the new job rebuilt, the broken row left.
+    let lease = db.claim_one("w").await;
+    assert_eq!(lease.job_id(), broken.job_id);
+    let later = db.enqueue(Some("k-later"), json!({"n": 3})).await;
+    common::catch_up_jobs_rebuilt(&db, 10)
+        .await
+        .expect("a row that does not parse stops only its own job");
+    let shown = db
+        .ledger
+        .projection_rows("jobs_rebuilt", Some(later.job_id))
+        .await
+        .unwrap();
+    assert_eq!(shown[0]["job"]["state"], "queued", "{shown:?}");
+    let problems = db.ledger.compare_rebuilt().await.expect("compared");
+    let named: Vec<Uuid> = problems.iter().map(|p| p.job_id).collect();
+    assert_eq!(named, vec![broken.job_id], "{problems:?}");
 }

@@ -163,6 +163,8 @@ pub trait Projection: Send + Sync {
     /// of its place in log order, and then meets it there;
     /// [`insert_plainly`] is a cheap way: a plain insert, redone
     /// idempotently under a savepoint only when it meets a row it has.
+    /// `tx` is a transaction (the runner's, which commits the batch with
+    /// its checkpoint); the shipped projections' savepoints need one.
     fn apply<'a>(
         &'a self,
         tx: &'a mut PgConnection,
