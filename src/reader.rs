@@ -184,6 +184,17 @@ async fn left_out(
     Ok(early)
 }
 
+/// `data`'s top-level `keys` as an object, as `jsonb_build_object(k,
+/// data -> k, …)` builds it: a key the data lacks (or data that is no
+/// object) gives `null`, and of a key named twice the last one stays.
+fn only_keys(data: &serde_json::Value, keys: &[&str]) -> serde_json::Value {
+    let object = keys
+        .iter()
+        .map(|k| (k.to_string(), data.get(k).cloned().unwrap_or_default()))
+        .collect();
+    serde_json::Value::Object(object)
+}
+
 impl LogReader {
     pub async fn open(pool: PgPool, name: &str) -> LedgerResult<Self> {
         readers::ensure_reader(&pool, name).await?;
@@ -231,7 +242,20 @@ impl LogReader {
         limit: i64,
         data_of: Option<&[&str]>,
     ) -> LedgerResult<Batch> {
-        self.read_as(after, limit, DataAs::Parsed(data_of)).await
+        self.read_data(after, limit, data_of, None).await
+    }
+
+    /// `read_data_of`, and of each data read only the top-level `keys` (an
+    /// object of exactly those keys; one the data lacks is `null`; `None`:
+    /// all), also on versions handed out early.
+    pub async fn read_data(
+        &self,
+        after: Checkpoint,
+        limit: i64,
+        kinds: Option<&[&str]>,
+        keys: Option<&[&str]>,
+    ) -> LedgerResult<Batch> {
+        self.read_as(after, limit, DataAs::Parsed { kinds, keys }).await
     }
 
     /// `read`, with each event's data unparsed in `raw_data` (a version
@@ -255,9 +279,15 @@ impl LogReader {
             position: last.row.position,
         };
         let mut early = left_out(&mut conn, after, next, &rows).await?;
-        if let DataAs::Parsed(Some(kinds)) = data {
-            for e in early.iter_mut().filter(|e| !kinds.contains(&e.row.kind.as_str())) {
-                e.row.data = serde_json::Value::Null;
+        if let DataAs::Parsed { kinds, keys } = data {
+            // As `events_after` reads them: a (job, version) comes with the
+            // same data each time it comes.
+            for e in &mut early {
+                if kinds.is_some_and(|k| !k.contains(&e.row.kind.as_str())) {
+                    e.row.data = serde_json::Value::Null;
+                } else if let Some(keys) = keys {
+                    e.row.data = only_keys(&e.row.data, keys);
+                }
             }
         }
         let n_early = early.len();
@@ -385,7 +415,7 @@ impl jobledger_projections::LogSource for LogReader {
         &self,
         after: jobledger_projections::Checkpoint,
         limit: i64,
-        data_of: Option<&'static [&'static str]>,
+        data: jobledger_projections::DataWanted,
     ) -> jobledger_projections::BoxFuture<
         '_,
         Result<
@@ -407,7 +437,7 @@ impl jobledger_projections::LogSource for LogReader {
                 txid: after.txid,
                 position: after.position,
             };
-            let batch = reader.read_data_of(from, limit, data_of).await?;
+            let batch = reader.read_data(from, limit, data.kinds, data.keys).await?;
             let events = batch.events.into_iter().map(to_projection_event).collect();
             let next = jobledger_projections::Checkpoint {
                 txid: batch.next.txid,

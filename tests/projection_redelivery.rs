@@ -6,7 +6,7 @@ mod common;
 
 use common::fresh;
 use jobledger::rebuilt::JobsRebuilt;
-use jobledger_projections::shipped::JobTimeline;
+use jobledger_projections::shipped::{JobTimeline, QueueStats};
 use jobledger_projections::{Event, Projection};
 use serde_json::Value;
 use uuid::Uuid;
@@ -71,14 +71,14 @@ async fn a_redelivered_version_changes_nothing_and_the_batch_is_written() {
 /// One job enqueued, claimed and completed, and its three events as the
 /// log hands them to projections.
 async fn finished_job(db: &common::TestDb) -> (Uuid, Vec<Event>) {
-    use jobledger_projections::{Checkpoint, LogSource};
+    use jobledger_projections::{Checkpoint, DataWanted, LogSource};
     let job = db.enqueue(None, serde_json::json!({"n": 1})).await;
     let lease = db.claim_one("w").await;
     assert!(lease.complete(None).await.unwrap().committed());
     let reader = jobledger::reader::LogReader::open(db.ledger.pool().clone(), "redelivery")
         .await
         .unwrap();
-    let (log, _) = LogSource::read(&reader, Checkpoint::default(), 10, None)
+    let (log, _) = LogSource::read(&reader, Checkpoint::default(), 10, DataWanted::default())
         .await
         .unwrap();
     let v: Vec<Event> = log.into_iter().filter(|e| e.job_id == job.job_id).collect();
@@ -145,4 +145,55 @@ async fn jobs_rebuilt_skips_a_redelivered_event_of_a_newer_schema() {
         .await
         .expect_err("still to apply: refused");
     assert!(err.to_string().contains("upgrade jobledger"), "{err}");
+}
+
+/// `queue_stats` takes a job whose first event in a batch is version 1 for
+/// new, without reading it back; when that version 1 comes again (handed
+/// out early, then met in log order) its insert meets the row, and the
+/// batch is applied again reading every job back: each job is counted
+/// once, and no savepoint is left open.
+#[tokio::test]
+async fn queue_stats_counts_a_redelivered_stream_once() {
+    let db = fresh().await;
+    let (_, v) = finished_job(&db).await;
+    let other = db.enqueue(None, serde_json::json!({"n": 2})).await;
+    let (table, side) = ("public.stats_redelivery", "public.stats_redelivery__jobs");
+    let mut tx = db.ledger.pool().begin().await.unwrap();
+    QueueStats.create(&mut tx, table).await.unwrap();
+    let mut apply = async |batch: Vec<Event>| {
+        QueueStats.apply(&mut tx, table, &batch).await.unwrap();
+        let counts = sqlx::query_as::<_, (String, i64, i64, i64)>(&format!(
+            "SELECT queue, queued, leased, succeeded FROM {table} ORDER BY queue"
+        ))
+        .fetch_all(&mut *tx)
+        .await
+        .unwrap();
+        let jobs = sqlx::query_as::<_, (String, i64)>(&format!(
+            "SELECT state, version FROM {side} ORDER BY version"
+        ))
+        .fetch_all(&mut *tx)
+        .await
+        .unwrap();
+        (counts, jobs)
+    };
+    let q = || v[0].data["queue"].as_str().unwrap().to_string();
+    let (counts, _) = apply(v[..2].to_vec()).await;
+    assert_eq!(counts, [(q(), 0, 1, 0)]);
+    // The whole stream again beside a new job: version 1's insert meets
+    // its row; the batch is applied again, and the new job once.
+    let mut batch = v.clone();
+    let mut new = v[0].clone();
+    new.job_id = other.job_id;
+    batch.push(new);
+    let (counts, jobs) = apply(batch).await;
+    assert_eq!(counts, [(q(), 1, 0, 1)], "each job counted once");
+    assert_eq!(jobs, [("queued".to_string(), 1), ("succeeded".to_string(), 3)]);
+    // Only version 1 again: nothing changes.
+    let (counts, _) = apply(v[..1].to_vec()).await;
+    assert_eq!(counts, [(q(), 1, 0, 1)]);
+    let left = sqlx::query("RELEASE SAVEPOINT jobledger_queue_stats")
+        .execute(&mut *tx)
+        .await
+        .expect_err("no savepoint left to release");
+    assert!(left.to_string().contains("does not exist"), "{left}");
 }

@@ -489,17 +489,22 @@ async fn a_caught_up_rebuild_switches_while_commits_wait_behind_the_horizon() {
     assert_eq!(timeline_rows(&db).await, 6, "the waiting commit arrives");
 }
 
-/// Records the `data` it was handed, per (job, version).
-struct DataSeen(Option<&'static [&'static str]>, &'static str);
+/// Records the `data` it was handed, per (job, version): (kinds, keys,
+/// name).
+type Kinds = Option<&'static [&'static str]>;
+struct DataSeen(Kinds, Kinds, &'static str);
 impl Projection for DataSeen {
     fn name(&self) -> &str {
-        self.1
+        self.2
     }
     fn version(&self) -> i32 {
         1
     }
     fn data_of(&self) -> Option<&'static [&'static str]> {
         self.0
+    }
+    fn data_keys(&self) -> Option<&'static [&'static str]> {
+        self.1
     }
     fn create<'a>(
         &'a self,
@@ -538,7 +543,9 @@ impl Projection for DataSeen {
 }
 
 /// A projection gets the data of the event kinds it names and JSON null on
-/// the others; one that names none gets every event's data as stored.
+/// the others; one that names none gets every event's data as stored. One
+/// that names keys gets an object of exactly those keys (null where the
+/// data lacks one).
 #[tokio::test]
 async fn a_projection_reads_only_the_data_it_names() {
     let db = fresh().await;
@@ -557,13 +564,16 @@ async fn a_projection_reads_only_the_data_it_names() {
     // Batches of one: every batch is full, so each is read ahead while the
     // one before it is applied (the read ahead must name the data too).
     let runner = Runner::new(db.ledger.pool().clone(), &reader, 1).await.unwrap();
-    let cases: [(&'static str, Option<&'static [&'static str]>); 3] = [
-        ("seen_all", None),
-        ("seen_enqueued", Some(&["enqueued"])),
-        ("seen_none", Some(&[])),
+    let cases: [(&'static str, Kinds, Kinds); 6] = [
+        ("seen_all", None, None),
+        ("seen_enqueued", Some(&["enqueued"]), None),
+        ("seen_none", Some(&[]), None),
+        ("seen_queue", Some(&["enqueued"]), Some(&["queue", "absent"])),
+        ("seen_results", None, Some(&["result"])),
+        ("seen_no_key", None, Some(&[])),
     ];
-    for (name, data_of) in cases {
-        within("a catch-up", runner.catch_up(&[&DataSeen(data_of, name)]))
+    for (name, data_of, keys) in cases {
+        within("a catch-up", runner.catch_up(&[&DataSeen(data_of, keys, name)]))
             .await
             .unwrap();
     }
@@ -577,7 +587,7 @@ async fn a_projection_reads_only_the_data_it_names() {
         stored.iter().all(|(_, d)| !d.is_null()),
         "every event stored data: {stored:?}"
     );
-    for (name, data_of) in cases {
+    for (name, data_of, keys) in cases {
         let seen: Vec<(String, serde_json::Value)> = sqlx::query_as(&format!(
             "SELECT type, data FROM jobledger_proj.{name} ORDER BY job_id, version"
         ))
@@ -588,10 +598,13 @@ async fn a_projection_reads_only_the_data_it_names() {
         for ((kind, data), (seen_kind, seen_data)) in stored.iter().zip(&seen) {
             assert_eq!(kind, seen_kind);
             let named = data_of.is_none_or(|kinds| kinds.contains(&kind.as_str()));
-            let want = if named {
-                data.clone()
-            } else {
-                serde_json::Value::Null
+            let want = match keys {
+                _ if !named => serde_json::Value::Null,
+                None => data.clone(),
+                Some(keys) => keys
+                    .iter()
+                    .map(|k| (k.to_string(), data.get(k).cloned().unwrap_or_default()))
+                    .collect(),
             };
             assert_eq!(seen_data, &want, "{name}: the data of the {kind} event");
         }

@@ -10,6 +10,7 @@
 //! reader), so this crate does not depend on the ledger.
 #![forbid(unsafe_code)]
 
+pub mod queue_stats;
 pub mod registry;
 pub mod runner;
 pub mod shipped;
@@ -120,16 +121,26 @@ pub enum ProjectionError {
     },
 }
 
+/// Which events' `data` a read hands out, and how much of it: see
+/// [`Projection::data_of`] and [`Projection::data_keys`]. The default: all
+/// of every event's.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DataWanted {
+    pub kinds: Option<&'static [&'static str]>,
+    pub keys: Option<&'static [&'static str]>,
+}
+
 /// The log, read in batches after a checkpoint: every event, each job's
 /// versions in order (duplicates possible: projections must be idempotent
 /// per (job, version)).
 pub trait LogSource: Send + Sync {
-    /// `data_of`: see [`Projection::data_of`] (`None`: every event's data).
+    /// `data`: the events whose data is read and the keys kept of it
+    /// ([`Projection::data_wanted`]).
     fn read(
         &self,
         after: Checkpoint,
         limit: i64,
-        data_of: Option<&'static [&'static str]>,
+        data: DataWanted,
     ) -> BoxFuture<'_, Result<(Vec<Event>, Checkpoint), ProjectionError>>;
     /// Whether committed events lie past `after` that `read` may not hand
     /// out yet (an open transaction holds the horizon back).
@@ -157,6 +168,22 @@ pub trait Projection: Send + Sync {
     /// says so and its rebuild reads that much less.
     fn data_of(&self) -> Option<&'static [&'static str]> {
         None
+    }
+    /// Of the data `data_of` names, the top-level keys `apply` reads: the
+    /// data then comes as an object of exactly these keys (one the event's
+    /// data lacks is JSON `null`), every time it comes. `None` (the
+    /// default): the data as stored. An `enqueued` event carries the
+    /// payload and policy; parsing them for the one key `queue_stats`
+    /// reads was most of its rebuild's log read.
+    fn data_keys(&self) -> Option<&'static [&'static str]> {
+        None
+    }
+    /// What the runner asks the log for: `data_of` and `data_keys`.
+    fn data_wanted(&self) -> DataWanted {
+        DataWanted {
+            kinds: self.data_of(),
+            keys: self.data_keys(),
+        }
     }
     /// Applies a batch (set-based, idempotent per (job, version)). A
     /// (job, version) comes again when the reader handed it out early, ahead

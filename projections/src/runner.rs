@@ -56,10 +56,10 @@ pub struct Runner<'a> {
 /// what commits later sorts after it.
 struct Ahead {
     from: Checkpoint,
-    /// The data it was read with (`Projection::data_of`): after a switch
-    /// the table's next batch is the new version's, which may need data
-    /// the old one did not read.
-    data_of: Option<&'static [&'static str]>,
+    /// The data it was read with (`Projection::data_wanted`): after a
+    /// switch the table's next batch is the new version's, which may need
+    /// data the old one did not read.
+    data: crate::DataWanted,
     events: Vec<Event>,
     next: Checkpoint,
 }
@@ -220,9 +220,9 @@ impl<'a> Runner<'a> {
         } else {
             (before.checkpoint(), before.active_table.clone())
         };
-        let (events, next) = match self.take_ahead(name, building, from, p.data_of()) {
+        let (events, next) = match self.take_ahead(name, building, from, p.data_wanted()) {
             Some(batch) => batch,
-            None => self.log.read(from, self.batch, p.data_of()).await?,
+            None => self.log.read(from, self.batch, p.data_wanted()).await?,
         };
         if events.is_empty() {
             return Ok(Advanced::Empty);
@@ -254,7 +254,7 @@ impl<'a> Runner<'a> {
         };
         let read_ahead = async {
             if full {
-                self.log.read(next, self.batch, p.data_of()).await.ok()
+                self.log.read(next, self.batch, p.data_wanted()).await.ok()
             } else {
                 None
             }
@@ -266,7 +266,7 @@ impl<'a> Runner<'a> {
                 (name.to_string(), building),
                 Ahead {
                     from: next,
-                    data_of: p.data_of(),
+                    data: p.data_wanted(),
                     events,
                     next: after,
                 },
@@ -281,21 +281,21 @@ impl<'a> Runner<'a> {
         Ok(serves(versions, &self.entry(name).await?))
     }
 
-    /// The batch read ahead for this table from `from` with `data_of`, if
+    /// The batch read ahead for this table from `from` with `data`, if
     /// there is one (any other is stale and dropped).
     fn take_ahead(
         &self,
         name: &str,
         building: bool,
         from: Checkpoint,
-        data_of: Option<&'static [&'static str]>,
+        data: crate::DataWanted,
     ) -> Option<(Vec<Event>, Checkpoint)> {
         let a = self
             .ahead
             .lock()
             .expect("not poisoned")
             .remove(&(name.to_string(), building))?;
-        (a.from == from && a.data_of == data_of).then_some((a.events, a.next))
+        (a.from == from && a.data == data).then_some((a.events, a.next))
     }
 
     /// The rebuilt table caught up with the live tail: the view moves to it

@@ -38,6 +38,9 @@ impl Projection for Workflows {
     fn data_of(&self) -> Option<&'static [&'static str]> {
         Some(&["enqueued"])
     }
+    fn data_keys(&self) -> Option<&'static [&'static str]> {
+        Some(&["workflow", "kind"])
+    }
     fn create<'a>(
         &'a self,
         tx: &'a mut PgConnection,

@@ -180,9 +180,17 @@ impl Ledger {
         let mut index = from;
         'pages: while to.is_none_or(|t| index < t) && end_place.is_some_and(|e| cursor < e) {
             let want = to.map_or(10_000, |t| (t - index).min(10_000)) as i64;
-            let page =
-                readers::events_after(&mut conn, cursor.0, cursor.1, want, readers::DataAs::Parsed(None))
-                    .await?;
+            let page = readers::events_after(
+                &mut conn,
+                cursor.0,
+                cursor.1,
+                want,
+                readers::DataAs::Parsed {
+                    kinds: None,
+                    keys: None,
+                },
+            )
+            .await?;
             if page.is_empty() {
                 break;
             }

@@ -4,7 +4,7 @@
 //! that window.
 
 use jobledger::reader::LogReader;
-use jobledger_projections::{BoxFuture, Checkpoint, Event, LogSource, ProjectionError};
+use jobledger_projections::{BoxFuture, Checkpoint, DataWanted, Event, LogSource, ProjectionError};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use tokio::sync::{mpsc, Mutex};
 
@@ -55,10 +55,10 @@ impl LogSource for GatedLog<'_> {
         &self,
         after: Checkpoint,
         limit: i64,
-        data_of: Option<&'static [&'static str]>,
+        data: DataWanted,
     ) -> BoxFuture<'_, Result<(Vec<Event>, Checkpoint), ProjectionError>> {
         Box::pin(async move {
-            let out = LogSource::read(self.inner, after, limit, data_of).await?;
+            let out = LogSource::read(self.inner, after, limit, data).await?;
             let left = (after == self.at)
                 .then(|| {
                     self.pass
