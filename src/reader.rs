@@ -137,12 +137,14 @@ fn to_log(e: LoggedEvent) -> LogEvent {
 /// and any gap between its own, each one probe of the `(job_id, version)`
 /// key. Only when the version below the lowest one is itself past the end
 /// (the predecessor trap at a batch's start, rare) is the job walked further
-/// down, to the first version the checkpoint passed.
+/// down, to the first version the checkpoint passed. Their data is read as
+/// the batch's was (`data`).
 async fn left_out(
     conn: &mut sqlx::PgConnection,
     after: Checkpoint,
     next: Checkpoint,
     rows: &[LoggedEvent],
+    data: DataAs<'_>,
 ) -> LedgerResult<Vec<LoggedEvent>> {
     let mut versions: HashMap<Uuid, Vec<i64>> = HashMap::new();
     for r in rows {
@@ -168,7 +170,7 @@ async fn left_out(
         return Ok(vec![]);
     }
     let end = (next.txid, next.position);
-    let mut early = readers::versions_past(conn, end, &jobs, &missing).await?;
+    let mut early = readers::versions_past(conn, end, &jobs, &missing, data).await?;
     // Jobs whose version below the batch's lowest is past the end too.
     let deeper: Vec<(Uuid, i64)> = early
         .iter()
@@ -178,21 +180,11 @@ async fn left_out(
     if !deeper.is_empty() {
         let (jobs, up_to): (Vec<Uuid>, Vec<i64>) = deeper.into_iter().unzip();
         let walked =
-            readers::versions_below_walked(conn, (after.txid, after.position), end, &jobs, &up_to).await?;
+            readers::versions_below_walked(conn, (after.txid, after.position), end, &jobs, &up_to, data)
+                .await?;
         early.extend(walked);
     }
     Ok(early)
-}
-
-/// `data`'s top-level `keys` as an object, as `jsonb_build_object(k,
-/// data -> k, …)` builds it: a key the data lacks (or data that is no
-/// object) gives `null`, and of a key named twice the last one stays.
-fn only_keys(data: &serde_json::Value, keys: &[&str]) -> serde_json::Value {
-    let object = keys
-        .iter()
-        .map(|k| (k.to_string(), data.get(k).cloned().unwrap_or_default()))
-        .collect();
-    serde_json::Value::Object(object)
 }
 
 impl LogReader {
@@ -278,18 +270,9 @@ impl LogReader {
             txid: last.txid,
             position: last.row.position,
         };
-        let mut early = left_out(&mut conn, after, next, &rows).await?;
-        if let DataAs::Parsed { kinds, keys } = data {
-            // As `events_after` reads them: a (job, version) comes with the
-            // same data each time it comes.
-            for e in &mut early {
-                if kinds.is_some_and(|k| !k.contains(&e.row.kind.as_str())) {
-                    e.row.data = serde_json::Value::Null;
-                } else if let Some(keys) = keys {
-                    e.row.data = only_keys(&e.row.data, keys);
-                }
-            }
-        }
+        // Read as `events_after` reads them (a `Raw` read's come parsed): a
+        // (job, version) comes with the same data each time it comes.
+        let early = left_out(&mut conn, after, next, &rows, data).await?;
         let n_early = early.len();
         let mut events: Vec<LogEvent> = early.into_iter().chain(rows).map(to_log).collect();
         // Per job in version order; a job's events keep their relative order

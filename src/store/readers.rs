@@ -9,11 +9,6 @@ use uuid::Uuid;
 use super::rows::{EventRow, EVENT_COLUMNS};
 use super::StoreResult;
 
-/// `e.position, e.job_id, ...`: the event columns of alias `e`.
-fn qualified() -> String {
-    qualified_with(|c| format!("e.{c}"))
-}
-
 /// The event columns of alias `e`, each as `column` writes it.
 fn qualified_with(column: impl Fn(&str) -> String) -> String {
     std::iter::once("position")
@@ -130,6 +125,18 @@ pub enum DataAs<'a> {
     /// building a `serde_json::Value` only to print it again was a third
     /// of the relay's own time.
     Raw,
+}
+
+impl<'a> DataAs<'a> {
+    /// The kinds and keys of data a lookup of versions handed out early
+    /// reads: those of `Parsed`; for `Raw`, all data, parsed (such a
+    /// version comes parsed, in `row.data`).
+    fn parsed(self) -> (Option<&'a [&'a str]>, Option<&'a [&'a str]>) {
+        match self {
+            DataAs::Parsed { kinds, keys } => (kinds, keys),
+            DataAs::Raw => (None, None),
+        }
+    }
 }
 
 pub async fn ensure_reader<'e>(exec: impl PgExecutor<'e>, name: &str) -> StoreResult<()> {
@@ -251,23 +258,20 @@ pub async fn events_after(
         DataAs::Parsed { kinds, keys } => (kinds, keys, false),
         DataAs::Raw => (None, None, true),
     };
-    let data_read = format!(
-        "CASE WHEN $4::text[] IS NULL OR e.type = ANY($4::text[]) THEN {} ELSE 'null'::jsonb END AS data",
-        data_keys_sql("e.data", "$5", keys)
-    );
     let sql = format!(
         // `ORDER BY e.txid`, not the bigint alias: ordering by the alias
         // would sort the whole tail instead of walking the index.
         "SELECT e.txid::text::bigint AS txid, {}{} FROM jobledger.events e \
          WHERE (e.txid, e.position) > ($1::text::xid8, $2) AND e.txid < (SELECT jobledger.log_horizon()) \
          ORDER BY e.txid, e.position LIMIT $3",
-        qualified_with(|c| {
-            match c {
-                "data" if raw => "'null'::jsonb AS data".to_string(),
-                "data" => data_read.clone(),
+        if raw {
+            qualified_with(|c| match c {
+                "data" => "'null'::jsonb AS data".to_string(),
                 c => format!("e.{c}"),
-            }
-        }),
+            })
+        } else {
+            parsed_columns(4, keys)
+        },
         if raw { ", e.data AS raw_data" } else { "" }
     );
     Ok(sqlx::query(&sql)
@@ -281,6 +285,23 @@ pub async fn events_after(
         .await?)
 }
 
+/// The event columns of alias `e`, with `data` as `DataAs::Parsed` reads
+/// it: its kinds bound in `$kinds` (a `text[]`, NULL: all) and its keys in
+/// the parameter after it. The lookups of versions handed out early read
+/// it the same way, so a (job, version) comes with the same data each time,
+/// and data left out is never parsed on either path (a number beyond
+/// `f64` or nesting deeper than serde's limit outside the keys read).
+fn parsed_columns(kinds: usize, keys: Option<&[&str]>) -> String {
+    let data = format!(
+        "CASE WHEN ${kinds}::text[] IS NULL OR e.type = ANY(${kinds}::text[]) THEN {} ELSE 'null'::jsonb END AS data",
+        data_keys_sql("e.data", &format!("${}", kinds + 1), keys)
+    );
+    qualified_with(|c| match c {
+        "data" => data.clone(),
+        c => format!("e.{c}"),
+    })
+}
+
 /// `data`, or with `keys` only those top-level keys of it, as an object
 /// (`jsonb_build_object($5[1], data -> $5[1], …)`: the keys are bound in
 /// `param`, a `text[]`; only their count shapes the statement). Taking keys
@@ -290,10 +311,20 @@ fn data_keys_sql(data: &str, param: &str, keys: Option<&[&str]>) -> String {
     let Some(keys) = keys else {
         return data.to_string();
     };
+    if keys.is_empty() {
+        return "'{}'::jsonb".to_string();
+    }
     let pairs: Vec<String> = (1..=keys.len())
         .map(|i| format!("({param}::text[])[{i}], {data} -> ({param}::text[])[{i}]"))
         .collect();
-    format!("jsonb_build_object({})", pairs.join(", "))
+    // A function takes at most 100 arguments: 50 keys an object, joined
+    // with `||` (which keeps the later of a key named twice, as one
+    // object does).
+    pairs
+        .chunks(50)
+        .map(|c| format!("jsonb_build_object({})", c.join(", ")))
+        .collect::<Vec<_>>()
+        .join(" || ")
 }
 
 /// Of the given `(job_id, version)` pairs, those whose event lies past the
@@ -305,19 +336,23 @@ pub async fn versions_past(
     end: (i64, i64),
     jobs: &[Uuid],
     versions: &[i64],
+    data: DataAs<'_>,
 ) -> StoreResult<Vec<LoggedEvent>> {
+    let (kinds, keys) = data.parsed();
     let sql = format!(
         "SELECT e.txid::text::bigint AS txid, {} FROM unnest($3::uuid[], $4::int8[]) AS b(job_id, version) \
          CROSS JOIN LATERAL (SELECT * FROM jobledger.events x WHERE x.job_id = b.job_id \
                              AND x.version = b.version OFFSET 0) e \
          WHERE (e.txid, e.position) > ($1::text::xid8, $2)",
-        qualified()
+        parsed_columns(5, keys)
     );
     Ok(sqlx::query(&sql)
         .bind(end.0)
         .bind(end.1)
         .bind(jobs)
         .bind(versions)
+        .bind(kinds)
+        .bind(keys)
         .try_map(|r| logged_of(&r, false))
         .fetch_all(conn)
         .await?)
@@ -342,7 +377,9 @@ pub async fn versions_below_walked(
     end: (i64, i64),
     jobs: &[Uuid],
     up_to: &[i64],
+    data: DataAs<'_>,
 ) -> StoreResult<Vec<LoggedEvent>> {
+    let (kinds, keys) = data.parsed();
     // Every step is one probe of the (job_id, version) key through LATERAL:
     // a plain join may be planned as a walk of the (txid, position) index
     // over the whole unread tail (seen: 1.6 s per batch on a 1M-event log).
@@ -357,7 +394,7 @@ pub async fn versions_below_walked(
          SELECT e.txid::text::bigint AS txid, {} FROM walk w CROSS JOIN LATERAL ( \
             SELECT * FROM jobledger.events x WHERE x.job_id = w.job_id AND x.version = w.version OFFSET 0) e \
          WHERE (e.txid, e.position) > ($3::text::xid8, $4) ORDER BY e.job_id, e.version",
-        qualified()
+        parsed_columns(7, keys)
     );
     Ok(sqlx::query(&sql)
         .bind(after.0)
@@ -366,6 +403,8 @@ pub async fn versions_below_walked(
         .bind(end.1)
         .bind(jobs)
         .bind(up_to)
+        .bind(kinds)
+        .bind(keys)
         .try_map(|r| logged_of(&r, false))
         .fetch_all(conn)
         .await?)
