@@ -9,6 +9,7 @@ pub mod fixture;
 pub mod gated;
 pub mod kafka;
 pub mod otlp;
+pub mod reading;
 pub mod serve;
 pub mod workers;
 pub mod workflows;

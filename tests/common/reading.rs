@@ -1,0 +1,43 @@
+//! Reading the whole log through a `LogReader`, as the reader tests do.
+
+use jobledger::reader::{Checkpoint, LogEvent, LogReader};
+use std::time::Duration;
+
+/// Reads until every committed event of this database is behind the
+/// checkpoint. An empty batch alone does not mean that: the snapshot horizon
+/// is cluster-wide, so another test's open transaction (these tests hold some
+/// on purpose) can hold the reader back for a while. It must never make the
+/// reader skip anything, which is what the callers assert.
+pub async fn drain(reader: &LogReader, from: Checkpoint, limit: i64) -> (Vec<LogEvent>, Checkpoint) {
+    drain_data_of(reader, from, limit, None, None).await
+}
+
+/// `drain` with `data` only on the named kinds of event, and of it only
+/// the named keys.
+pub async fn drain_data_of(
+    reader: &LogReader,
+    from: Checkpoint,
+    limit: i64,
+    data_of: Option<&[&str]>,
+    keys: Option<&[&str]>,
+) -> (Vec<LogEvent>, Checkpoint) {
+    let mut cp = from;
+    let mut out = vec![];
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let b = reader.read_data(cp, limit, data_of, keys).await.unwrap();
+        if b.events.is_empty() {
+            if !reader.behind(cp).await.unwrap() {
+                return (out, cp);
+            }
+            if std::time::Instant::now() > deadline {
+                let lag = reader.lag(cp).await.unwrap();
+                panic!("the reader is still held back after 30 s: {lag:?}");
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            continue;
+        }
+        out.extend(b.events);
+        cp = b.next;
+    }
+}
