@@ -221,25 +221,14 @@ impl LogReader {
     /// The next batch after `after` (reads only; storing the checkpoint is
     /// the caller's, once it has handled the batch).
     pub async fn read(&self, after: Checkpoint, limit: i64) -> LedgerResult<Batch> {
-        self.read_data_of(after, limit, None).await
+        self.read_data(after, limit, None, None).await
     }
 
-    /// `read`, with `data` only on events of the kinds `data_of` names
-    /// (JSON `null` on the others; `None`: on all), also on versions handed
-    /// out early (their lookup reads all data): a (job, version) comes with
-    /// the same data each time it comes.
-    pub async fn read_data_of(
-        &self,
-        after: Checkpoint,
-        limit: i64,
-        data_of: Option<&[&str]>,
-    ) -> LedgerResult<Batch> {
-        self.read_data(after, limit, data_of, None).await
-    }
-
-    /// `read_data_of`, and of each data read only the top-level `keys` (an
-    /// object of exactly those keys; one the data lacks is `null`; `None`:
-    /// all), also on versions handed out early.
+    /// `read`, with `data` only on events of the kinds `kinds` names (JSON
+    /// `null` on the others; `None`: on all), and of it only the top-level
+    /// `keys` (an object of exactly those keys; one the data lacks is
+    /// `null`; `None`: all of it). Versions handed out early come read the
+    /// same way: a (job, version) comes with the same data each time.
     pub async fn read_data(
         &self,
         after: Checkpoint,

@@ -279,62 +279,57 @@ fn fold(jobs: &mut HashMap<Uuid, Job>, events: &[Event]) -> Deltas {
     d
 }
 
-/// New jobs inserted plainly, stored ones that moved updated; the rest are
+/// The side table's rows of one statement, as its arrays.
+#[derive(Default)]
+struct SideRows<'a> {
+    id: Vec<Uuid>,
+    queue: Vec<&'a str>,
+    state: Vec<&'a str>,
+    version: Vec<i64>,
+    created_at: Vec<DateTime<Utc>>,
+}
+
+/// New jobs inserted plainly, stored ones that moved upserted; the rest are
 /// not written.
 async fn write_jobs(
     tx: &mut PgConnection,
     table: &str,
     jobs: &HashMap<Uuid, Job>,
 ) -> Result<(), sqlx::Error> {
-    let (mut id, mut q, mut s, mut v, mut c) = (vec![], vec![], vec![], vec![], vec![]);
-    let (mut uid, mut uq, mut us, mut uv, mut uc) = (vec![], vec![], vec![], vec![], vec![]);
-    for (k, job) in jobs.iter().filter(|(_, j)| j.moved) {
-        if job.stored {
-            uid.push(*k);
-            uq.push(job.queue.as_str());
-            us.push(job.state.as_str());
-            uv.push(job.version);
-            uc.push(job.created_at);
-        } else {
-            id.push(*k);
-            q.push(job.queue.as_str());
-            s.push(job.state.as_str());
-            v.push(job.version);
-            c.push(job.created_at);
+    let (mut new, mut stored) = (SideRows::default(), SideRows::default());
+    for (id, job) in jobs.iter().filter(|(_, j)| j.moved) {
+        let rows = if job.stored { &mut stored } else { &mut new };
+        rows.id.push(*id);
+        rows.queue.push(&job.queue);
+        rows.state.push(&job.state);
+        rows.version.push(job.version);
+        rows.created_at.push(job.created_at);
+    }
+    let insert = format!(
+        "INSERT INTO {} SELECT * FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::int8[], $5::timestamptz[])",
+        side(table)
+    );
+    // The stored ones through an upsert, not `UPDATE … FROM UNNEST`: planned
+    // for the array at hand (the first five times a statement runs, and
+    // again now and then), the join scanned and hashed the whole side
+    // table, 85–156 ms against 14 ms; an upsert probes the key row by row,
+    // whatever the plan. Their `queue` and `created_at` stay as stored (no
+    // job changes queue).
+    let upsert = format!(
+        "{insert} ON CONFLICT (job_id) DO UPDATE SET state = EXCLUDED.state, version = EXCLUDED.version"
+    );
+    for (sql, rows) in [(&insert, new), (&upsert, stored)] {
+        if rows.id.is_empty() {
+            continue;
         }
-    }
-    if !id.is_empty() {
-        sqlx::query(&format!(
-            "INSERT INTO {} SELECT * FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::int8[], $5::timestamptz[])",
-            side(table)
-        ))
-        .bind(id)
-        .bind(q)
-        .bind(s)
-        .bind(v)
-        .bind(c)
-        .execute(&mut *tx)
-        .await?;
-    }
-    if !uid.is_empty() {
-        // An upsert, not `UPDATE … FROM UNNEST`: planned for the array at
-        // hand (the first five times a statement runs, and again now and
-        // then), the join scanned and hashed the whole side table, 85–156 ms
-        // against 14 ms; an upsert probes the key row by row, whatever the
-        // plan. Its `created_at` and `queue` are the stored ones (no job
-        // changes queue), never written.
-        sqlx::query(&format!(
-            "INSERT INTO {} SELECT * FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::int8[], $5::timestamptz[]) \
-             ON CONFLICT (job_id) DO UPDATE SET state = EXCLUDED.state, version = EXCLUDED.version",
-            side(table)
-        ))
-        .bind(uid)
-        .bind(uq)
-        .bind(us)
-        .bind(uv)
-        .bind(uc)
-        .execute(&mut *tx)
-        .await?;
+        sqlx::query(sql)
+            .bind(rows.id)
+            .bind(rows.queue)
+            .bind(rows.state)
+            .bind(rows.version)
+            .bind(rows.created_at)
+            .execute(&mut *tx)
+            .await?;
     }
     Ok(())
 }
