@@ -41,8 +41,8 @@ pub struct LogEvent {
     pub position: i64,
     pub row: crate::store::EventRow,
     /// Read by `LogReader::read_raw`: the event's data as stored, unparsed
-    /// (`row.data` is then JSON `null`). `None` otherwise, and on a version
-    /// handed out early, whose `row.data` is parsed.
+    /// (`row.data` is then JSON `null`), also on a version handed out early.
+    /// `None` otherwise.
     pub raw_data: Option<Box<serde_json::value::RawValue>>,
 }
 
@@ -239,9 +239,9 @@ impl LogReader {
         self.read_as(after, limit, DataAs::Parsed { kinds, keys }).await
     }
 
-    /// `read`, with each event's data unparsed in `raw_data` (a version
-    /// handed out early comes parsed, in `row.data`): for a reader that
-    /// passes the data on as it is (the relay).
+    /// `read`, with each event's data unparsed in `raw_data` (also on a
+    /// version handed out early): for a reader that passes the data on as
+    /// it is (the relay).
     pub async fn read_raw(&self, after: Checkpoint, limit: i64) -> LedgerResult<Batch> {
         self.read_as(after, limit, DataAs::Raw).await
     }
@@ -259,8 +259,8 @@ impl LogReader {
             txid: last.txid,
             position: last.row.position,
         };
-        // Read as `events_after` reads them (a `Raw` read's come parsed): a
-        // (job, version) comes with the same data each time it comes.
+        // Read as `events_after` reads them: a (job, version) comes with the
+        // same data each time it comes.
         let early = left_out(&mut conn, after, next, &rows, data).await?;
         let n_early = early.len();
         let mut events: Vec<LogEvent> = early.into_iter().chain(rows).map(to_log).collect();

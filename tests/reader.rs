@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::reading::{drain, drain_data_of};
+use common::reading::{drain, drain_data_of, drain_raw};
 use common::{fresh, new_job, TestDb};
 use jobledger::reader::{Checkpoint, LogEvent, LogReader};
 use serde_json::json;
@@ -232,6 +232,29 @@ async fn an_early_xid_never_puts_a_version_before_its_predecessor() {
         v3.iter().all(|d| d == &v3[0] && d["digest"].is_string()),
         "{v3:?}"
     );
+    // Read raw (the relay), v3 comes unparsed both times, as stored.
+    let stored: String =
+        sqlx::query_scalar("SELECT data::text FROM jobledger.events WHERE job_id = $1 AND version = 3")
+            .bind(j.job_id)
+            .fetch_one(db.ledger.pool())
+            .await
+            .unwrap();
+    let (raw, _) = drain_raw(&reader, cp, 2).await;
+    let v3: Vec<_> = raw
+        .iter()
+        .filter(|e| e.job_id() == j.job_id && e.version() == 3)
+        .map(|e| {
+            (
+                e.row.data.clone(),
+                e.raw_data.as_ref().map(|r| r.get().to_string()),
+            )
+        })
+        .collect();
+    assert!(v3.len() >= 2, "v3 came early, then again in its place");
+    for (data, raw) in &v3 {
+        assert!(data.is_null());
+        assert_eq!(raw.as_deref(), Some(stored.as_str()));
+    }
 }
 
 /// Many concurrent writers: every event arrives, per job in order.

@@ -128,14 +128,45 @@ pub enum DataAs<'a> {
 }
 
 impl<'a> DataAs<'a> {
-    /// The kinds and keys of data a lookup of versions handed out early
-    /// reads: those of `Parsed`; for `Raw`, all data, parsed (such a
-    /// version comes parsed, in `row.data`).
-    fn parsed(self) -> (Option<&'a [&'a str]>, Option<&'a [&'a str]>) {
+    /// The kinds and keys a `Parsed` read binds (none for `Raw`).
+    fn bound(self) -> (Option<&'a [&'a str]>, Option<&'a [&'a str]>) {
         match self {
             DataAs::Parsed { kinds, keys } => (kinds, keys),
             DataAs::Raw => (None, None),
         }
+    }
+
+    fn raw(self) -> bool {
+        matches!(self, DataAs::Raw)
+    }
+
+    /// The event columns of alias `e` with `data` read this way (`Raw`:
+    /// `raw_data` last), the kinds bound in `$kinds` (a `text[]`, NULL: all)
+    /// and the keys in the parameter after it. The batch's read and the
+    /// lookups of versions handed out early use the same columns, so a
+    /// (job, version) comes with the same data each time, and data a read
+    /// leaves out is never parsed on either path (a number beyond `f64` or
+    /// nesting deeper than serde's limit outside the keys read, or in the
+    /// relay's unparsed data).
+    fn columns(self, kinds: usize) -> String {
+        let keys = match self {
+            DataAs::Raw => {
+                let columns = qualified_with(|c| match c {
+                    "data" => "'null'::jsonb AS data".to_string(),
+                    c => format!("e.{c}"),
+                });
+                return format!("{columns}, e.data AS raw_data");
+            }
+            DataAs::Parsed { keys, .. } => keys,
+        };
+        let data = format!(
+            "CASE WHEN ${kinds}::text[] IS NULL OR e.type = ANY(${kinds}::text[]) THEN {} ELSE 'null'::jsonb END AS data",
+            data_keys_sql("e.data", &format!("${}", kinds + 1), keys)
+        );
+        qualified_with(|c| match c {
+            "data" => data.clone(),
+            c => format!("e.{c}"),
+        })
     }
 }
 
@@ -254,25 +285,15 @@ pub async fn events_after(
     limit: i64,
     data: DataAs<'_>,
 ) -> StoreResult<Vec<LoggedEvent>> {
-    let (data_of, keys, raw) = match data {
-        DataAs::Parsed { kinds, keys } => (kinds, keys, false),
-        DataAs::Raw => (None, None, true),
-    };
+    let (data_of, keys) = data.bound();
+    let raw = data.raw();
     let sql = format!(
         // `ORDER BY e.txid`, not the bigint alias: ordering by the alias
         // would sort the whole tail instead of walking the index.
-        "SELECT e.txid::text::bigint AS txid, {}{} FROM jobledger.events e \
+        "SELECT e.txid::text::bigint AS txid, {} FROM jobledger.events e \
          WHERE (e.txid, e.position) > ($1::text::xid8, $2) AND e.txid < (SELECT jobledger.log_horizon()) \
          ORDER BY e.txid, e.position LIMIT $3",
-        if raw {
-            qualified_with(|c| match c {
-                "data" => "'null'::jsonb AS data".to_string(),
-                c => format!("e.{c}"),
-            })
-        } else {
-            parsed_columns(4, keys)
-        },
-        if raw { ", e.data AS raw_data" } else { "" }
+        data.columns(4)
     );
     Ok(sqlx::query(&sql)
         .bind(txid)
@@ -283,23 +304,6 @@ pub async fn events_after(
         .try_map(move |r| logged_of(&r, raw))
         .fetch_all(conn)
         .await?)
-}
-
-/// The event columns of alias `e`, with `data` as `DataAs::Parsed` reads
-/// it: its kinds bound in `$kinds` (a `text[]`, NULL: all) and its keys in
-/// the parameter after it. The lookups of versions handed out early read
-/// it the same way, so a (job, version) comes with the same data each time,
-/// and data left out is never parsed on either path (a number beyond
-/// `f64` or nesting deeper than serde's limit outside the keys read).
-fn parsed_columns(kinds: usize, keys: Option<&[&str]>) -> String {
-    let data = format!(
-        "CASE WHEN ${kinds}::text[] IS NULL OR e.type = ANY(${kinds}::text[]) THEN {} ELSE 'null'::jsonb END AS data",
-        data_keys_sql("e.data", &format!("${}", kinds + 1), keys)
-    );
-    qualified_with(|c| match c {
-        "data" => data.clone(),
-        c => format!("e.{c}"),
-    })
 }
 
 /// `data`, or with `keys` only those top-level keys of it, as an object
@@ -338,13 +342,13 @@ pub async fn versions_past(
     versions: &[i64],
     data: DataAs<'_>,
 ) -> StoreResult<Vec<LoggedEvent>> {
-    let (kinds, keys) = data.parsed();
+    let (kinds, keys) = data.bound();
     let sql = format!(
         "SELECT e.txid::text::bigint AS txid, {} FROM unnest($3::uuid[], $4::int8[]) AS b(job_id, version) \
          CROSS JOIN LATERAL (SELECT * FROM jobledger.events x WHERE x.job_id = b.job_id \
                              AND x.version = b.version OFFSET 0) e \
          WHERE (e.txid, e.position) > ($1::text::xid8, $2)",
-        parsed_columns(5, keys)
+        data.columns(5)
     );
     Ok(sqlx::query(&sql)
         .bind(end.0)
@@ -353,7 +357,7 @@ pub async fn versions_past(
         .bind(versions)
         .bind(kinds)
         .bind(keys)
-        .try_map(|r| logged_of(&r, false))
+        .try_map(move |r| logged_of(&r, data.raw()))
         .fetch_all(conn)
         .await?)
 }
@@ -379,7 +383,7 @@ pub async fn versions_below_walked(
     up_to: &[i64],
     data: DataAs<'_>,
 ) -> StoreResult<Vec<LoggedEvent>> {
-    let (kinds, keys) = data.parsed();
+    let (kinds, keys) = data.bound();
     // Every step is one probe of the (job_id, version) key through LATERAL:
     // a plain join may be planned as a walk of the (txid, position) index
     // over the whole unread tail (seen: 1.6 s per batch on a 1M-event log).
@@ -394,7 +398,7 @@ pub async fn versions_below_walked(
          SELECT e.txid::text::bigint AS txid, {} FROM walk w CROSS JOIN LATERAL ( \
             SELECT * FROM jobledger.events x WHERE x.job_id = w.job_id AND x.version = w.version OFFSET 0) e \
          WHERE (e.txid, e.position) > ($3::text::xid8, $4) ORDER BY e.job_id, e.version",
-        parsed_columns(7, keys)
+        data.columns(7)
     );
     Ok(sqlx::query(&sql)
         .bind(after.0)
@@ -405,7 +409,7 @@ pub async fn versions_below_walked(
         .bind(up_to)
         .bind(kinds)
         .bind(keys)
-        .try_map(|r| logged_of(&r, false))
+        .try_map(move |r| logged_of(&r, data.raw()))
         .fetch_all(conn)
         .await?)
 }

@@ -1,6 +1,6 @@
 //! Reading the whole log through a `LogReader`, as the reader tests do.
 
-use jobledger::reader::{Checkpoint, LogEvent, LogReader};
+use jobledger::reader::{Batch, Checkpoint, LogEvent, LogReader};
 use std::time::Duration;
 
 /// Reads until every committed event of this database is behind the
@@ -21,11 +21,24 @@ pub async fn drain_data_of(
     data_of: Option<&[&str]>,
     keys: Option<&[&str]>,
 ) -> (Vec<LogEvent>, Checkpoint) {
+    drain_by(reader, from, |cp| reader.read_data(cp, limit, data_of, keys)).await
+}
+
+/// `drain` with each event's data unparsed (`read_raw`, as the relay reads).
+pub async fn drain_raw(reader: &LogReader, from: Checkpoint, limit: i64) -> (Vec<LogEvent>, Checkpoint) {
+    drain_by(reader, from, |cp| reader.read_raw(cp, limit)).await
+}
+
+async fn drain_by<F, R>(reader: &LogReader, from: Checkpoint, read: F) -> (Vec<LogEvent>, Checkpoint)
+where
+    F: Fn(Checkpoint) -> R,
+    R: std::future::Future<Output = jobledger::ledger::LedgerResult<Batch>>,
+{
     let mut cp = from;
     let mut out = vec![];
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     loop {
-        let b = reader.read_data(cp, limit, data_of, keys).await.unwrap();
+        let b = read(cp).await.unwrap();
         if b.events.is_empty() {
             if !reader.behind(cp).await.unwrap() {
                 return (out, cp);
