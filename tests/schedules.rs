@@ -150,12 +150,37 @@ async fn missed_slots_follow_the_policy_after_an_outage() {
     db.assert_verified().await;
 }
 
+/// New York's next daylight-saving year as of `today`: the first year whose
+/// spring-forward day (the second Sunday of March) is two days or more
+/// ahead, with that day and its fall-back day (the first Sunday of
+/// November). The test fired fixed 2027 dates, and would have failed from
+/// the day before 2027's spring-forward on.
+fn next_dst_year(today: chrono::NaiveDate) -> (chrono::NaiveDate, chrono::NaiveDate) {
+    use chrono::{Datelike, NaiveDate, Weekday};
+    let sunday = |y, m, n| NaiveDate::from_weekday_of_month_opt(y, m, Weekday::Sun, n).unwrap();
+    let year = if sunday(today.year(), 3, 2) - today >= chrono::Duration::days(2) {
+        today.year()
+    } else {
+        today.year() + 1
+    };
+    (sunday(year, 3, 2), sunday(year, 11, 1))
+}
+
+#[test]
+fn the_daylight_saving_year_moves_on() {
+    let d = |y, m, day| chrono::NaiveDate::from_ymd_opt(y, m, day).unwrap();
+    assert_eq!(next_dst_year(d(2026, 12, 5)), (d(2027, 3, 14), d(2027, 11, 7)));
+    assert_eq!(next_dst_year(d(2027, 3, 12)), (d(2027, 3, 14), d(2027, 11, 7)));
+    assert_eq!(next_dst_year(d(2027, 3, 13)), (d(2028, 3, 12), d(2028, 11, 5)));
+    assert_eq!(next_dst_year(d(2027, 7, 1)), (d(2028, 3, 12), d(2028, 11, 5)));
+}
+
 #[tokio::test]
 async fn daylight_saving_days_fire_as_documented() {
     let db = fresh().await;
     let l = &db.ledger;
-    // New York: 2027-03-14 springs forward (02:30 never happens), 2027-11-07
-    // falls back (01:30 happens twice).
+    // New York springs forward on `spring_day` (02:30 never happens) and
+    // falls back on `fall_day` (01:30 happens twice).
     l.create_schedule(
         "spring",
         &spec("30 2 * * *", "America/New_York", Missed::All, 1000),
@@ -181,41 +206,41 @@ async fn daylight_saving_days_fire_as_documented() {
         .fetch_one(l.pool())
         .await
         .unwrap();
-    let until = |t: &str| {
-        chrono::DateTime::parse_from_rfc3339(t)
-            .unwrap()
-            .with_timezone(&chrono::Utc)
-            - now
-    };
-    l.fire_due(token, until("2027-11-09T00:00:00Z")).await.unwrap();
+    let (spring_day, fall_day) = next_dst_year(now.date_naive());
+    let day = |d: chrono::NaiveDate, n: i64| d + chrono::Duration::days(n);
+    let end = day(fall_day, 2).and_hms_opt(0, 0, 0).unwrap().and_utc();
+    l.fire_due(token, end - now).await.unwrap();
+    // Slot keys are UTC: 02:30 is 07:30 in winter (EST) and 06:30 in summer.
+    let at = |d: chrono::NaiveDate, hm: &str| format!("{d}T{hm}:00.000000Z");
     let spring = keys(&db, "spring").await;
     for k in [
-        "2027-03-13T07:30:00.000000Z",
-        "2027-03-14T07:00:00.000000Z",
-        "2027-03-15T06:30:00.000000Z",
+        at(day(spring_day, -1), "07:30"),
+        at(spring_day, "07:00"),
+        at(day(spring_day, 1), "06:30"),
     ] {
         assert!(
             spring.contains(&format!("schedule:spring:{k}")),
             "{k} in {spring:?}"
         );
     }
+    let (skipped_a, skipped_b) = (at(spring_day, "06:30"), at(spring_day, "07:30"));
     assert!(!spring
         .iter()
-        .any(|k| k.contains("2027-03-14T06:30") || k.contains("2027-03-14T07:30")));
+        .any(|k| k.ends_with(&skipped_a) || k.ends_with(&skipped_b)));
     let fall = keys(&db, "fall").await;
     for k in [
-        "2027-11-06T05:30:00.000000Z",
-        "2027-11-07T05:30:00.000000Z",
-        "2027-11-08T06:30:00.000000Z",
+        at(day(fall_day, -1), "05:30"),
+        at(fall_day, "05:30"),
+        at(day(fall_day, 1), "06:30"),
     ] {
         assert!(fall.contains(&format!("schedule:fall:{k}")), "{k} in {fall:?}");
     }
     assert!(
-        !fall.iter().any(|k| k.contains("2027-11-07T06:30")),
+        !fall.iter().any(|k| k.ends_with(&at(fall_day, "06:30"))),
         "the repeated 01:30 fires once"
     );
     // One a day, no more, no fewer.
-    let days = (chrono::NaiveDate::from_ymd_opt(2027, 11, 8).unwrap() - now.date_naive()).num_days() as usize;
+    let days = (day(fall_day, 1) - now.date_naive()).num_days() as usize;
     assert!(
         (days - 1..=days + 1).contains(&spring.len()),
         "{} slots over {days} days",
@@ -227,10 +252,7 @@ async fn daylight_saving_days_fire_as_documented() {
     // the two differ by one when the test runs between 01:30 and 02:30 in
     // New York (06:30–07:30 UTC in winter): that day's 01:30 has passed,
     // its 02:30 has not.
-    let cut = (now.date_naive() + chrono::Days::new(1))
-        .and_hms_opt(8, 0, 0)
-        .unwrap()
-        .and_utc();
+    let cut = day(now.date_naive(), 1).and_hms_opt(8, 0, 0).unwrap().and_utc();
     let from_cut = |keys: &[String]| {
         keys.iter()
             .filter(|k| {
