@@ -221,22 +221,26 @@ impl LogReader {
     /// The next batch after `after` (reads only; storing the checkpoint is
     /// the caller's, once it has handled the batch).
     pub async fn read(&self, after: Checkpoint, limit: i64) -> LedgerResult<Batch> {
-        self.read_data(after, limit, None, None).await
+        self.read_data(after, limit, None, None, true).await
     }
 
     /// `read`, with `data` only on events of the kinds `kinds` names (JSON
     /// `null` on the others; `None`: on all), and of it only the top-level
     /// `keys` (an object of exactly those keys; one the data lacks is
-    /// `null`; `None`: all of it). Versions handed out early come read the
-    /// same way: a (job, version) comes with the same data each time.
+    /// `null`; `None`: all of it). Without `hashes`, each event's
+    /// `prev_hash` is `None` and its `hash` empty. Versions handed out early
+    /// come read the same way: a (job, version) comes with the same data
+    /// and hashes each time.
     pub async fn read_data(
         &self,
         after: Checkpoint,
         limit: i64,
         kinds: Option<&[&str]>,
         keys: Option<&[&str]>,
+        hashes: bool,
     ) -> LedgerResult<Batch> {
-        self.read_as(after, limit, DataAs::Parsed { kinds, keys }).await
+        let data = DataAs::Parsed { kinds, keys, hashes };
+        self.read_as(after, limit, data).await
     }
 
     /// `read`, with each event's data unparsed in `raw_data` (also on a
@@ -409,7 +413,9 @@ impl jobledger_projections::LogSource for LogReader {
                 txid: after.txid,
                 position: after.position,
             };
-            let batch = reader.read_data(from, limit, data.kinds, data.keys).await?;
+            let batch = reader
+                .read_data(from, limit, data.kinds, data.keys, data.hashes)
+                .await?;
             let events = batch.events.into_iter().map(to_projection_event).collect();
             let next = jobledger_projections::Checkpoint {
                 txid: batch.next.txid,

@@ -1,6 +1,7 @@
 //! What data a projection is handed: that of the kinds of event it names
-//! (`Projection::data_of`), and of it only the keys it names
-//! (`Projection::data_keys`), through a runner that reads ahead.
+//! (`Projection::data_of`), of it only the keys it names
+//! (`Projection::data_keys`), and the hashes only if it reads them
+//! (`Projection::reads_hashes`), through a runner that reads ahead.
 
 mod common;
 
@@ -11,10 +12,10 @@ use jobledger_projections::{BoxFuture, Event, Projection};
 use serde_json::json;
 use sqlx::PgConnection;
 
-/// Records the `data` it was handed, per (job, version): (kinds, keys,
-/// name).
+/// Records the `data` and hashes it was handed, per (job, version): (kinds,
+/// keys, name, hashes).
 type Kinds = Option<&'static [&'static str]>;
-struct DataSeen(Kinds, Kinds, &'static str);
+struct DataSeen(Kinds, Kinds, &'static str, bool);
 impl Projection for DataSeen {
     fn name(&self) -> &str {
         self.2
@@ -28,6 +29,9 @@ impl Projection for DataSeen {
     fn data_keys(&self) -> Option<&'static [&'static str]> {
         self.1
     }
+    fn reads_hashes(&self) -> bool {
+        self.3
+    }
     fn create<'a>(
         &'a self,
         tx: &'a mut PgConnection,
@@ -35,7 +39,8 @@ impl Projection for DataSeen {
     ) -> BoxFuture<'a, Result<(), sqlx::Error>> {
         Box::pin(async move {
             sqlx::query(&format!(
-                "CREATE TABLE {table} (job_id uuid, version bigint, type text, data jsonb, PRIMARY KEY (job_id, version))"
+                "CREATE TABLE {table} (job_id uuid, version bigint, type text, data jsonb, prev_hash text, hash text, \
+                 PRIMARY KEY (job_id, version))"
             ))
             .execute(&mut *tx)
             .await?;
@@ -50,13 +55,15 @@ impl Projection for DataSeen {
     ) -> BoxFuture<'a, Result<(), sqlx::Error>> {
         Box::pin(async move {
             sqlx::query(&format!(
-                "INSERT INTO {table} SELECT * FROM UNNEST($1::uuid[], $2::int8[], $3::text[], $4::jsonb[]) \
-                 ON CONFLICT DO NOTHING"
+                "INSERT INTO {table} SELECT * FROM UNNEST($1::uuid[], $2::int8[], $3::text[], $4::jsonb[], \
+                 $5::text[], $6::text[]) ON CONFLICT DO NOTHING"
             ))
             .bind(events.iter().map(|e| e.job_id).collect::<Vec<_>>())
             .bind(events.iter().map(|e| e.version).collect::<Vec<_>>())
             .bind(events.iter().map(|e| e.kind.clone()).collect::<Vec<_>>())
             .bind(events.iter().map(|e| e.data.clone()).collect::<Vec<_>>())
+            .bind(events.iter().map(|e| e.prev_hash.clone()).collect::<Vec<_>>())
+            .bind(events.iter().map(|e| e.hash.clone()).collect::<Vec<_>>())
             .execute(&mut *tx)
             .await?;
             Ok(())
@@ -67,7 +74,8 @@ impl Projection for DataSeen {
 /// A projection gets the data of the event kinds it names and JSON null on
 /// the others; one that names none gets every event's data as stored. One
 /// that names keys gets an object of exactly those keys (null where the
-/// data lacks one).
+/// data lacks one). One that reads no hashes gets them empty, whatever data
+/// it names; the others get them as stored.
 #[tokio::test]
 async fn a_projection_reads_only_the_data_it_names() {
     let db = fresh().await;
@@ -86,38 +94,56 @@ async fn a_projection_reads_only_the_data_it_names() {
     // Batches of one: every batch is full, so each is read ahead while the
     // one before it is applied (the read ahead must name the data too).
     let runner = Runner::new(db.ledger.pool().clone(), &reader, 1).await.unwrap();
-    let cases: [(&'static str, Kinds, Kinds); 6] = [
-        ("seen_all", None, None),
-        ("seen_enqueued", Some(&["enqueued"]), None),
-        ("seen_none", Some(&[]), None),
-        ("seen_queue", Some(&["enqueued"]), Some(&["queue", "absent"])),
-        ("seen_results", None, Some(&["result"])),
-        ("seen_no_key", None, Some(&[])),
+    let cases: [(&'static str, Kinds, Kinds, bool); 8] = [
+        ("seen_all", None, None, true),
+        ("seen_enqueued", Some(&["enqueued"]), None, true),
+        ("seen_none", Some(&[]), None, true),
+        (
+            "seen_queue",
+            Some(&["enqueued"]),
+            Some(&["queue", "absent"]),
+            true,
+        ),
+        ("seen_results", None, Some(&["result"]), true),
+        ("seen_no_key", None, Some(&[]), true),
+        ("seen_no_hash", Some(&[]), None, false),
+        ("seen_all_no_hash", None, None, false),
     ];
-    for (name, data_of, keys) in cases {
-        within("a catch-up", runner.catch_up(&[&DataSeen(data_of, keys, name)]))
-            .await
-            .unwrap();
+    for (name, data_of, keys, hashes) in cases {
+        let p = DataSeen(data_of, keys, name, hashes);
+        within("a catch-up", runner.catch_up(&[&p])).await.unwrap();
     }
-    let stored: Vec<(String, serde_json::Value)> =
-        sqlx::query_as("SELECT type, data FROM jobledger.events ORDER BY job_id, version")
+    type Seen = (String, serde_json::Value, Option<String>, Option<String>);
+    let stored: Vec<Seen> =
+        sqlx::query_as("SELECT type, data, prev_hash, hash FROM jobledger.events ORDER BY job_id, version")
             .fetch_all(db.ledger.pool())
             .await
             .unwrap();
     assert_eq!(stored.len(), 6);
     assert!(
-        stored.iter().all(|(_, d)| !d.is_null()),
-        "every event stored data: {stored:?}"
+        stored.iter().all(|(_, d, _, h)| !d.is_null() && h.is_some()),
+        "every event stored data and a hash: {stored:?}"
     );
-    for (name, data_of, keys) in cases {
-        let seen: Vec<(String, serde_json::Value)> = sqlx::query_as(&format!(
-            "SELECT type, data FROM jobledger_proj.{name} ORDER BY job_id, version"
+    for (name, data_of, keys, hashes) in cases {
+        let seen: Vec<Seen> = sqlx::query_as(&format!(
+            "SELECT type, data, prev_hash, hash FROM jobledger_proj.{name} ORDER BY job_id, version"
         ))
         .fetch_all(db.ledger.pool())
         .await
         .unwrap();
         assert_eq!(seen.len(), 6, "{name}: every event, data or not");
-        for ((kind, data), (seen_kind, seen_data)) in stored.iter().zip(&seen) {
+        for ((kind, data, prev, hash), (seen_kind, seen_data, seen_prev, seen_hash)) in
+            stored.iter().zip(&seen)
+        {
+            let want = match hashes {
+                true => (prev.clone(), hash.clone()),
+                false => (None, Some(String::new())),
+            };
+            assert_eq!(
+                (seen_prev.clone(), seen_hash.clone()),
+                want,
+                "{name}: the hashes of {kind}"
+            );
             assert_eq!(kind, seen_kind);
             let named = data_of.is_none_or(|kinds| kinds.contains(&kind.as_str()));
             let want = match keys {

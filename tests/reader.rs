@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::reading::{drain, drain_data_of, drain_raw};
+use common::reading::{drain, drain_data_of, drain_raw, drain_wanted};
 use common::{fresh, new_job, TestDb};
 use jobledger::reader::{Checkpoint, LogEvent, LogReader};
 use serde_json::json;
@@ -172,6 +172,38 @@ async fn an_early_xid_never_puts_a_version_before_its_predecessor() {
             .map(|e| (e.version(), &e.row.data))
             .collect::<Vec<_>>()
     );
+
+    // Without the hashes: v3 comes early and again in its place, both times
+    // without them, as every event does; with them, each as stored.
+    let chain: HashMap<(Uuid, i64), (Option<String>, String)> =
+        sqlx::query_as::<_, (Uuid, i64, Option<String>, String)>(
+            "SELECT job_id, version, prev_hash, hash FROM jobledger.events",
+        )
+        .fetch_all(db.ledger.pool())
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|(j, v, p, h)| ((j, v), (p, h)))
+        .collect();
+    for hashes in [false, true] {
+        let (read, _) = drain_wanted(&reader, cp, 2, Some(&[]), None, hashes).await;
+        let v3 = read.iter().filter(|e| e.job_id() == j.job_id && e.version() == 3);
+        assert!(v3.count() >= 2, "v3 came early, then again in its place");
+        for e in &read {
+            let (prev, hash) = &chain[&(e.job_id(), e.version())];
+            let want = if hashes {
+                (prev.clone(), hash.clone())
+            } else {
+                (None, String::new())
+            };
+            assert_eq!(
+                (e.row.prev_hash.clone(), e.row.hash.clone()),
+                want,
+                "v{}",
+                e.version()
+            );
+        }
+    }
 
     // Naming keys: v3 comes early (its lookup reads all its data) and again
     // in its place, both times with only those keys, as every event does.

@@ -88,6 +88,8 @@ pub struct Event {
     pub run: i32,
     pub data: Value,
     pub recorded_at: DateTime<Utc>,
+    /// `None` and `""` for a projection whose
+    /// [`Projection::reads_hashes`] is `false`.
     pub prev_hash: Option<String>,
     pub hash: String,
     /// The schema version `data` was written in (jobledger's
@@ -121,13 +123,25 @@ pub enum ProjectionError {
     },
 }
 
-/// Which events' `data` a read hands out, and how much of it: see
-/// [`Projection::data_of`] and [`Projection::data_keys`]. The default: all
-/// of every event's.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+/// Which events' `data` a read hands out, how much of it, and whether the
+/// hash chain's columns come: see [`Projection::data_of`],
+/// [`Projection::data_keys`] and [`Projection::reads_hashes`]. The default:
+/// all of every event's, with its hashes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DataWanted {
     pub kinds: Option<&'static [&'static str]>,
     pub keys: Option<&'static [&'static str]>,
+    pub hashes: bool,
+}
+
+impl Default for DataWanted {
+    fn default() -> Self {
+        DataWanted {
+            kinds: None,
+            keys: None,
+            hashes: true,
+        }
+    }
 }
 
 /// The log, read in batches after a checkpoint: every event, each job's
@@ -178,11 +192,21 @@ pub trait Projection: Send + Sync {
     fn data_keys(&self) -> Option<&'static [&'static str]> {
         None
     }
-    /// What the runner asks the log for: `data_of` and `data_keys`.
+    /// Whether `apply` reads the events' `prev_hash` and `hash`. `false`:
+    /// they come empty (`None` and `""`), every time they come, and the log
+    /// read neither prints nor sends them: two 64-character columns of
+    /// every event, about a twentieth of `job_timeline`'s rebuild
+    /// (docs/benchmarks.md). `true` (the default): as stored.
+    fn reads_hashes(&self) -> bool {
+        true
+    }
+    /// What the runner asks the log for: `data_of`, `data_keys` and
+    /// `reads_hashes`.
     fn data_wanted(&self) -> DataWanted {
         DataWanted {
             kinds: self.data_of(),
             keys: self.data_keys(),
+            hashes: self.reads_hashes(),
         }
     }
     /// Applies a batch (set-based, idempotent per (job, version)). A

@@ -57,6 +57,9 @@ impl Projection for QueueStats {
     fn data_keys(&self) -> Option<&'static [&'static str]> {
         Some(&["queue"])
     }
+    fn reads_hashes(&self) -> bool {
+        false
+    }
     fn create<'a>(
         &'a self,
         tx: &'a mut PgConnection,

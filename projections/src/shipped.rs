@@ -20,6 +20,10 @@ impl Projection for JobTimeline {
     fn data_of(&self) -> Option<&'static [&'static str]> {
         Some(&[])
     }
+    /// Nor its hashes.
+    fn reads_hashes(&self) -> bool {
+        false
+    }
     fn create<'a>(
         &'a self,
         tx: &'a mut PgConnection,

@@ -41,6 +41,9 @@ impl Projection for Workflows {
     fn data_keys(&self) -> Option<&'static [&'static str]> {
         Some(&["workflow", "kind"])
     }
+    fn reads_hashes(&self) -> bool {
+        false
+    }
     fn create<'a>(
         &'a self,
         tx: &'a mut PgConnection,

@@ -188,6 +188,7 @@ impl Ledger {
                 readers::DataAs::Parsed {
                     kinds: None,
                     keys: None,
+                    hashes: true,
                 },
             )
             .await?;

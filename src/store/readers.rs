@@ -116,10 +116,13 @@ pub enum DataAs<'a> {
     /// Parsed, on events of `kinds` (JSON `null` on the others; `None`: on
     /// all), and of that data only the top-level `keys`, as an object of
     /// exactly those keys (a key the data lacks is `null`; `None`: the data
-    /// as stored).
+    /// as stored). Without `hashes`, `prev_hash` is NULL and `hash` empty:
+    /// printing and decoding them was about a tenth of a read that takes
+    /// no data (docs/benchmarks.md).
     Parsed {
         kinds: Option<&'a [&'a str]>,
         keys: Option<&'a [&'a str]>,
+        hashes: bool,
     },
     /// Unparsed, for a reader that passes it on as it is (the relay):
     /// building a `serde_json::Value` only to print it again was a third
@@ -131,7 +134,7 @@ impl<'a> DataAs<'a> {
     /// The kinds and keys a `Parsed` read binds (none for `Raw`).
     fn bound(self) -> (Option<&'a [&'a str]>, Option<&'a [&'a str]>) {
         match self {
-            DataAs::Parsed { kinds, keys } => (kinds, keys),
+            DataAs::Parsed { kinds, keys, .. } => (kinds, keys),
             DataAs::Raw => (None, None),
         }
     }
@@ -159,12 +162,15 @@ impl<'a> DataAs<'a> {
             }
             DataAs::Parsed { keys, .. } => keys,
         };
+        let hashes = matches!(self, DataAs::Parsed { hashes: true, .. });
         let data = format!(
             "CASE WHEN ${kinds}::text[] IS NULL OR e.type = ANY(${kinds}::text[]) THEN {} ELSE 'null'::jsonb END AS data",
             data_keys_sql("e.data", &format!("${}", kinds + 1), keys)
         );
         qualified_with(|c| match c {
             "data" => data.clone(),
+            "prev_hash" if !hashes => "NULL::text AS prev_hash".into(),
+            "hash" if !hashes => "''::text AS hash".into(),
             c => format!("e.{c}"),
         })
     }

@@ -21,7 +21,22 @@ pub async fn drain_data_of(
     data_of: Option<&[&str]>,
     keys: Option<&[&str]>,
 ) -> (Vec<LogEvent>, Checkpoint) {
-    drain_by(reader, from, |cp| reader.read_data(cp, limit, data_of, keys)).await
+    drain_wanted(reader, from, limit, data_of, keys, true).await
+}
+
+/// `drain_data_of`, with the hash chain's columns only when `hashes`.
+pub async fn drain_wanted(
+    reader: &LogReader,
+    from: Checkpoint,
+    limit: i64,
+    data_of: Option<&[&str]>,
+    keys: Option<&[&str]>,
+    hashes: bool,
+) -> (Vec<LogEvent>, Checkpoint) {
+    drain_by(reader, from, |cp| {
+        reader.read_data(cp, limit, data_of, keys, hashes)
+    })
+    .await
 }
 
 /// `drain` with each event's data unparsed (`read_raw`, as the relay reads).
