@@ -488,3 +488,88 @@ async fn a_caught_up_rebuild_switches_while_commits_wait_behind_the_horizon() {
     within("a catch-up", r.catch_up(&[&JobTimeline])).await.unwrap();
     assert_eq!(timeline_rows(&db).await, 6, "the waiting commit arrives");
 }
+
+/// Records, per (job, version), the `synchronous_commit` its batch was
+/// applied under.
+struct FlushSeen;
+impl Projection for FlushSeen {
+    fn name(&self) -> &str {
+        "flush_seen"
+    }
+    fn version(&self) -> i32 {
+        1
+    }
+    fn create<'a>(
+        &'a self,
+        tx: &'a mut PgConnection,
+        table: &'a str,
+    ) -> BoxFuture<'a, Result<(), sqlx::Error>> {
+        Box::pin(async move {
+            sqlx::query(&format!(
+                "CREATE TABLE {table} (job_id uuid, version bigint, flush text, PRIMARY KEY (job_id, version))"
+            ))
+            .execute(&mut *tx)
+            .await?;
+            Ok(())
+        })
+    }
+    fn apply<'a>(
+        &'a self,
+        tx: &'a mut PgConnection,
+        table: &'a str,
+        events: &'a [Event],
+    ) -> BoxFuture<'a, Result<(), sqlx::Error>> {
+        Box::pin(async move {
+            sqlx::query(&format!(
+                "INSERT INTO {table} SELECT j, v, current_setting('synchronous_commit') \
+                 FROM UNNEST($1::uuid[], $2::int8[]) AS u(j, v) ON CONFLICT DO NOTHING"
+            ))
+            .bind(events.iter().map(|e| e.job_id).collect::<Vec<_>>())
+            .bind(events.iter().map(|e| e.version).collect::<Vec<_>>())
+            .execute(&mut *tx)
+            .await?;
+            Ok(())
+        })
+    }
+}
+
+/// A rebuild's batches commit without waiting for their flush (no one reads
+/// the table being built, and the switch's commit flushes them); a serving
+/// table's batches wait for theirs, before the rebuild and after it.
+#[tokio::test]
+async fn only_a_rebuild_commits_without_a_flush() {
+    let db = fresh().await;
+    for i in 0..5 {
+        db.enqueue(None, json!({ "i": i })).await;
+    }
+    let reader = LogReader::open(db.ledger.pool().clone(), "flush").await.unwrap();
+    let runner = Runner::new(db.ledger.pool().clone(), &reader, 2).await.unwrap();
+    let flushes = || async {
+        sqlx::query_scalar::<_, String>(
+            "SELECT flush FROM jobledger_proj.flush_seen ORDER BY job_id, version",
+        )
+        .fetch_all(db.ledger.pool())
+        .await
+        .unwrap()
+    };
+    within("a catch-up", runner.catch_up(&[&FlushSeen]))
+        .await
+        .unwrap();
+    assert_eq!(
+        flushes().await,
+        vec!["on"; 5],
+        "the serving table's first catch-up"
+    );
+
+    runner.start_rebuild(&FlushSeen).await.unwrap();
+    let s = within("a rebuild", runner.catch_up(&[&FlushSeen])).await.unwrap();
+    assert_eq!(s.switched_to, Some(1));
+    assert_eq!(flushes().await, vec!["off"; 5], "the rebuilt table, now serving");
+
+    db.enqueue(None, json!({ "i": 5 })).await;
+    within("a catch-up", runner.catch_up(&[&FlushSeen]))
+        .await
+        .unwrap();
+    let after = flushes().await;
+    assert_eq!(after.iter().filter(|f| *f == "on").count(), 1, "{after:?}");
+}

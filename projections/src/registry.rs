@@ -185,6 +185,19 @@ pub async fn limit_lock_wait(conn: &mut PgConnection, wait: std::time::Duration)
     Ok(())
 }
 
+/// This transaction's commit returns without waiting for its WAL to reach
+/// the disk (`synchronous_commit = off` for it alone). For a rebuild's
+/// batches only: no one reads the table being built, a crash can lose only
+/// whole transactions (its rows and its checkpoint together, so the rebuild
+/// resumes from an earlier checkpoint), and the switch that serves the
+/// table commits with a flush, which covers every transaction before it.
+pub async fn commit_without_flush(conn: &mut PgConnection) -> Result<(), sqlx::Error> {
+    sqlx::raw_sql("SET LOCAL synchronous_commit = off")
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
 /// SQLSTATE 55P03: a lock was not granted within `lock_timeout`.
 pub fn is_lock_timeout(e: &sqlx::Error) -> bool {
     e.as_database_error()

@@ -246,6 +246,11 @@ impl<'a> Runner<'a> {
             return Ok(Advanced::Raced); // another runner moved it; our batch would apply twice
         }
         let table = format!("jobledger_proj.\"{table}\"");
+        if building {
+            // Each batch's commit waited for its flush: about a twentieth of
+            // a rebuild (issue 15). The switch's commit flushes them all.
+            registry::commit_without_flush(&mut tx).await?;
+        }
         let apply = async {
             p.apply(&mut tx, &table, &events).await?;
             registry::set_checkpoint(&mut tx, name, building, next).await?;
