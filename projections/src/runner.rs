@@ -237,13 +237,21 @@ impl<'a> Runner<'a> {
         let now = registry::lock(&mut tx, name)
             .await?
             .ok_or_else(|| ProjectionError::Unknown(name.into()))?;
-        let current: Checkpoint = if building {
-            now.building_checkpoint()
+        let (current, now_table) = if building {
+            (
+                now.building_checkpoint(),
+                now.building_table.clone().unwrap_or_default(),
+            )
         } else {
-            now.checkpoint()
+            (now.checkpoint(), now.active_table.clone())
         };
-        if current != from {
-            return Ok(Advanced::Raced); // another runner moved it; our batch would apply twice
+        // Another runner moved the checkpoint (our batch would apply twice),
+        // or the table changed under us: a switch and a new rebuild both
+        // start a checkpoint at (0, 0), so a batch read for the rebuild
+        // before them would otherwise land in the table that now serves and
+        // move the new rebuild's checkpoint past events it never got.
+        if current != from || now_table != table {
+            return Ok(Advanced::Raced);
         }
         let table = format!("jobledger_proj.\"{table}\"");
         if building {
