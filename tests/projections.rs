@@ -488,3 +488,28 @@ async fn a_caught_up_rebuild_switches_while_commits_wait_behind_the_horizon() {
     within("a catch-up", r.catch_up(&[&JobTimeline])).await.unwrap();
     assert_eq!(timeline_rows(&db).await, 6, "the waiting commit arrives");
 }
+
+/// A runner reads the registry before it decides and locks its row only to
+/// write (`registry::get`, then `registry::lock` in the batch's
+/// transaction). Locking it on every read cost each step two transactions
+/// that waited for a WAL flush, and made a runner with nothing to apply
+/// wait for another runner's batch: here a transaction holds the row as a
+/// runner applying a batch does, and a caught-up step still returns.
+#[tokio::test]
+async fn a_caught_up_step_does_not_wait_for_a_runner_holding_the_registry() {
+    let db = fresh().await;
+    db.enqueue(None, json!({})).await;
+    let reader = LogReader::open(db.ledger.pool().clone(), "projections")
+        .await
+        .unwrap();
+    let r = Runner::new(db.ledger.pool().clone(), &reader, 10).await.unwrap();
+    within("a catch-up", r.catch_up(&[&JobTimeline])).await.unwrap();
+    let mut other = db.ledger.pool().begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM jobledger_proj.registry WHERE name = 'job_timeline' FOR UPDATE")
+        .execute(&mut *other)
+        .await
+        .unwrap();
+    let s = within("a caught-up step", r.step(&[&JobTimeline])).await.unwrap();
+    assert_eq!((s.applied, s.rebuilt), (0, 0), "caught up");
+    other.rollback().await.unwrap();
+}

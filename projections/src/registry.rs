@@ -94,6 +94,19 @@ pub async fn lock_name(conn: &mut PgConnection, name: &str) -> Result<(), sqlx::
     Ok(())
 }
 
+/// The entry as last committed, unlocked: what a runner reads before it
+/// decides, and checks again under `lock` before it writes. Locking it
+/// here cost each read an xid, a WAL record and, outside a transaction, a
+/// commit that waited for its flush (0.3-1.4 ms against 0.08; twice a step).
+pub async fn get(conn: &mut PgConnection, name: &str) -> Result<Option<Entry>, sqlx::Error> {
+    sqlx::query_as(&format!(
+        "SELECT {COLUMNS} FROM jobledger_proj.registry WHERE name = $1"
+    ))
+    .bind(name)
+    .fetch_optional(conn)
+    .await
+}
+
 /// The entry, locked: one runner at a time moves a projection.
 pub async fn lock(conn: &mut PgConnection, name: &str) -> Result<Option<Entry>, sqlx::Error> {
     sqlx::query_as(&format!(

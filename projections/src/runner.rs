@@ -174,12 +174,16 @@ impl<'a> Runner<'a> {
 
     async fn entry(&self, name: &str) -> Result<Entry, ProjectionError> {
         let mut conn = self.pool.acquire().await?;
-        registry::lock(&mut conn, name)
+        registry::get(&mut conn, name)
             .await?
             .ok_or_else(|| ProjectionError::Unknown(name.into()))
     }
 
     async fn ensure(&self, p: &dyn Projection) -> Result<Entry, ProjectionError> {
+        // Registered already (every step but the first): no transaction.
+        if let Some(e) = registry::get(&mut *self.pool.acquire().await?, p.name()).await? {
+            return Ok(e);
+        }
         let mut tx = self.pool.begin().await?;
         // Two runners registering a new projection at once would both
         // create its table (there is no registry row to lock yet).
