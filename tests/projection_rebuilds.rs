@@ -1,17 +1,20 @@
 //! Rebuilds beside the serving table: their batches commit without a
-//! flush, and a batch read for a rebuild that has since switched in (and
-//! been followed by another) never lands.
+//! flush; a batch read for a table that has since changed (a switch, a new
+//! rebuild, a new version) never lands; runners of different versions, and
+//! runners racing each other, build each version once and with its own code.
 
 mod common;
 
 use common::gated::gated;
 use common::{fresh, within};
 use jobledger::reader::LogReader;
+use jobledger_projections::registry;
 use jobledger_projections::runner::Runner;
 use jobledger_projections::shipped::JobTimeline;
 use jobledger_projections::{BoxFuture, Event, Projection};
 use serde_json::json;
 use sqlx::PgConnection;
+use tokio::sync::{mpsc, Mutex};
 
 /// Records, per (job, version), the `synchronous_commit` its batch was
 /// applied under.
@@ -142,4 +145,200 @@ async fn a_batch_read_for_a_rebuild_that_switched_meanwhile_is_not_applied() {
         30,
         "the second rebuilt table is complete"
     );
+}
+
+/// Version `.0` of a projection named `tagged` whose rows say which
+/// version's code wrote them. When `.1` is armed, its `create` reports
+/// (first sender) and waits (second receiver) once, with the table created
+/// and its transaction open.
+type CreateGate = Mutex<Option<(mpsc::Sender<()>, mpsc::Receiver<()>)>>;
+struct Tagged(i32, CreateGate);
+impl Tagged {
+    fn new(version: i32) -> Self {
+        Tagged(version, Mutex::new(None))
+    }
+}
+impl Projection for Tagged {
+    fn name(&self) -> &str {
+        "tagged"
+    }
+    fn version(&self) -> i32 {
+        self.0
+    }
+    fn create<'a>(
+        &'a self,
+        tx: &'a mut PgConnection,
+        table: &'a str,
+    ) -> BoxFuture<'a, Result<(), sqlx::Error>> {
+        Box::pin(async move {
+            sqlx::query(&format!(
+                "CREATE TABLE {table} (job_id uuid, version bigint, by int, PRIMARY KEY (job_id, version))"
+            ))
+            .execute(&mut *tx)
+            .await?;
+            let gate = self.1.lock().await.take();
+            if let Some((held, mut open)) = gate {
+                held.send(()).await.expect("gate");
+                open.recv().await.expect("gate");
+            }
+            Ok(())
+        })
+    }
+    fn apply<'a>(
+        &'a self,
+        tx: &'a mut PgConnection,
+        table: &'a str,
+        events: &'a [Event],
+    ) -> BoxFuture<'a, Result<(), sqlx::Error>> {
+        Box::pin(async move {
+            sqlx::query(&format!(
+                "INSERT INTO {table} SELECT j, v, $3 FROM UNNEST($1::uuid[], $2::int8[]) AS u(j, v) \
+                 ON CONFLICT DO NOTHING"
+            ))
+            .bind(events.iter().map(|e| e.job_id).collect::<Vec<_>>())
+            .bind(events.iter().map(|e| e.version).collect::<Vec<_>>())
+            .bind(self.0)
+            .execute(&mut *tx)
+            .await?;
+            Ok(())
+        })
+    }
+}
+
+/// (rows, rows written by code of another version than the one serving)
+/// of what the view serves, and the serving version.
+async fn tagged(db: &common::TestDb) -> (i64, i64, i64) {
+    let version = db
+        .count("SELECT version::int8 FROM jobledger_proj.registry WHERE name = 'tagged'")
+        .await;
+    let rows = db.count("SELECT count(*) FROM jobledger_proj.tagged").await;
+    let foreign = db
+        .count(&format!(
+            "SELECT count(*) FROM jobledger_proj.tagged WHERE by <> {version}"
+        ))
+        .await;
+    (rows, foreign, version)
+}
+
+async fn six_jobs(db: &common::TestDb) -> LogReader {
+    for i in 0..6 {
+        db.enqueue(None, json!({ "i": i })).await;
+    }
+    LogReader::open(db.ledger.pool().clone(), "tagged").await.unwrap()
+}
+
+/// Review of issue 15: during a rolling upgrade a runner with only version
+/// 1's code keeps version 1 current and never writes version 2's rebuild,
+/// nor switches it in.
+#[tokio::test]
+async fn an_older_runner_leaves_a_newer_versions_rebuild_alone() {
+    let db = fresh().await;
+    let reader = six_jobs(&db).await;
+    let (v1, v2) = (Tagged::new(1), Tagged::new(2));
+    let new = Runner::new(db.ledger.pool().clone(), &reader, 2).await.unwrap();
+    within("a catch-up", new.catch_up(&[&v1])).await.unwrap();
+    let s = new.step(&[&v1, &v2]).await.unwrap();
+    assert_eq!((s.rebuilt, s.switched_to), (2, None), "v2's build has begun");
+
+    let old = Runner::new(db.ledger.pool().clone(), &reader, 2).await.unwrap();
+    let s = within("a catch-up", old.catch_up(&[&v1])).await.unwrap();
+    assert_eq!((s.rebuilt, s.switched_to), (0, None), "v1's code built nothing");
+    assert_eq!(tagged(&db).await, (6, 0, 1), "v1 serves, all by v1");
+
+    let s = within("a catch-up", new.catch_up(&[&v1, &v2])).await.unwrap();
+    assert_eq!(s.switched_to, Some(2));
+    assert_eq!(tagged(&db).await, (6, 0, 2), "v2 serves, all by v2");
+}
+
+/// Review of issue 15: runner B reads version 1's serving checkpoint and
+/// stalls; runner S meanwhile finishes version 2's rebuild and switches it
+/// in. B's step neither writes version 1's batch into version 2's table nor
+/// fails on the rebuild that is gone.
+#[tokio::test]
+async fn a_step_across_another_runners_switch_is_a_lost_race() {
+    let db = fresh().await;
+    let reader = six_jobs(&db).await;
+    let (v1, v2) = (Tagged::new(1), Tagged::new(2));
+    let s_runner = Runner::new(db.ledger.pool().clone(), &reader, 2).await.unwrap();
+    within("a catch-up", s_runner.catch_up(&[&v1])).await.unwrap();
+    s_runner.step(&[&v1, &v2]).await.unwrap(); // v2's build begins
+    db.enqueue(None, json!({ "i": 6 })).await; // v1's serving table is behind
+    let serving = registry::entries(db.ledger.pool()).await.unwrap()[0].checkpoint();
+    let (log, mut gate) = gated(&reader, serving, 0);
+    let b = Runner::new(db.ledger.pool().clone(), &log, 2).await.unwrap();
+    let both: [&dyn Projection; 2] = [&v1, &v2];
+    let b_step = b.step(&both);
+    let s_switches = async {
+        gate.wait_held().await; // B holds v1's serving batch
+        let s = within("a rebuild", s_runner.catch_up(&[&v1, &v2])).await.unwrap();
+        assert_eq!(s.switched_to, Some(2));
+        gate.release().await;
+    };
+    let (b_result, ()) = tokio::join!(b_step, s_switches);
+    let s = b_result.expect("a lost race, not an error");
+    assert_eq!((s.applied, s.rebuilt, s.raced), (0, 0, true));
+    assert_eq!(tagged(&db).await, (7, 0, 2), "v2 serves, all by v2");
+}
+
+/// Review of issue 15: runner A reads a rebuild's first batch and stalls
+/// while runner B steps that rebuild on. A's `catch_up` took its lost race
+/// for "caught up" and returned with the rebuild behind; it carries on.
+#[tokio::test]
+async fn a_catch_up_that_loses_a_race_carries_on() {
+    let db = fresh().await;
+    let reader = six_jobs(&db).await;
+    let v1 = Tagged::new(1);
+    let b = Runner::new(db.ledger.pool().clone(), &reader, 2).await.unwrap();
+    within("a catch-up", b.catch_up(&[&v1])).await.unwrap();
+    b.start_rebuild(&v1).await.unwrap();
+    let (log, mut gate) = gated(&reader, jobledger_projections::Checkpoint::default(), 0);
+    let a = Runner::new(db.ledger.pool().clone(), &log, 2).await.unwrap();
+    let one: [&dyn Projection; 1] = [&v1];
+    let a_catches_up = a.catch_up(&one);
+    let b_steps = async {
+        gate.wait_held().await; // A holds the rebuild's first batch
+        assert_eq!(b.step(&[&v1]).await.unwrap().rebuilt, 2);
+        gate.release().await;
+    };
+    let (a_result, ()) = tokio::join!(within("a catch-up", a_catches_up), b_steps);
+    assert_eq!(a_result.unwrap().switched_to, Some(1), "A went on to the switch");
+    assert_eq!(tagged(&db).await, (6, 0, 1));
+}
+
+/// Review of issue 15: two runners start version 2's build at once. The
+/// second waits for the first (the start is decided again under the
+/// registry lock) and builds on its table, instead of failing on it or
+/// dropping it.
+#[tokio::test]
+async fn two_runners_start_one_build() {
+    let db = fresh().await;
+    let reader = six_jobs(&db).await;
+    let (v1, v2) = (Tagged::new(1), Tagged::new(2));
+    let (held_tx, mut held) = mpsc::channel(1);
+    let (open, open_rx) = mpsc::channel(1);
+    *v2.1.lock().await = Some((held_tx, open_rx));
+    let a = Runner::new(db.ledger.pool().clone(), &reader, 2).await.unwrap();
+    let b = Runner::new(db.ledger.pool().clone(), &reader, 2).await.unwrap();
+    within("a catch-up", a.catch_up(&[&v1])).await.unwrap();
+    let both: [&dyn Projection; 2] = [&v1, &v2];
+    let a_step = a.step(&both);
+    let b_step = async {
+        within("A's create", held.recv()).await.unwrap(); // A's build is uncommitted
+        let waits = common::eventually("B waits for A's build", || async {
+            db.count("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()")
+                .await
+                > 0
+        });
+        let (b_result, ()) = tokio::join!(b.step(&both), async {
+            waits.await;
+            open.send(()).await.unwrap();
+        });
+        b_result
+    };
+    let (a_result, b_result) = tokio::join!(a_step, b_step);
+    a_result.unwrap();
+    b_result.expect("B builds on A's table");
+    let s = within("a catch-up", b.catch_up(&[&v1, &v2])).await.unwrap();
+    assert_eq!(s.switched_to, Some(2));
+    assert_eq!(tagged(&db).await, (6, 0, 2));
 }

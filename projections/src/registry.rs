@@ -63,6 +63,19 @@ impl Entry {
             position: self.b_position,
         }
     }
+    /// The serving table (or, `building`, the one being rebuilt): its
+    /// checkpoint, name and version. None: no rebuild.
+    pub fn target(&self, building: bool) -> Option<(Checkpoint, &str, i32)> {
+        if building {
+            Some((
+                self.building_checkpoint(),
+                self.building_table.as_deref()?,
+                self.building_version?,
+            ))
+        } else {
+            Some((self.checkpoint(), &self.active_table, self.version))
+        }
+    }
 }
 
 const COLUMNS: &str =

@@ -12,6 +12,9 @@ pub struct Step {
     pub applied: usize,
     pub rebuilt: usize,
     pub switched_to: Option<i32>,
+    /// Another runner moved a table between this step's read and its write:
+    /// progress, but nothing is known about being caught up.
+    pub raced: bool,
 }
 
 /// What one `advance` found.
@@ -116,25 +119,26 @@ impl<'a> Runner<'a> {
         let name = newest.name().to_string();
         let entry = self.ensure(newest).await?;
         let entry = if entry.version < newest.version() && entry.building_version.is_none() {
-            let mut tx = self.pool.begin().await?;
-            let table = table_name(&name, newest.version());
-            registry::drop_table(&mut tx, &table).await?; // a rebuild that never finished restarts cleanly
-            newest
-                .create(&mut tx, &format!("jobledger_proj.\"{table}\""))
-                .await?;
-            registry::start_build(&mut tx, &name, newest.version(), &table).await?;
-            tx.commit().await?;
-            self.entry(&name).await?
+            self.start_build(newest).await?
         } else {
             entry
         };
         let mut step = Step::default();
         if let Some(serving) = versions.iter().find(|p| p.version() == entry.version) {
-            step.applied = self.advance(*serving, &name, false).await?.count();
+            let served = self.advance(*serving, &name, false).await?;
+            step.applied = served.count();
+            step.raced |= served == Advanced::Raced;
         }
-        if entry.building_table.is_some() {
-            let built = self.advance(newest, &name, true).await?;
+        // Only the code of the version being built builds it: an older
+        // runner (a rolling upgrade) keeps its serving table current and
+        // leaves a newer version's rebuild alone.
+        let builder = entry
+            .building_version
+            .and_then(|v| versions.iter().find(|p| p.version() == v));
+        if let Some(builder) = builder {
+            let built = self.advance(*builder, &name, true).await?;
             step.rebuilt = built.count();
+            step.raced |= built == Advanced::Raced;
             // Only a genuinely empty read says the rebuild caught up; a lost
             // race (another runner moved the checkpoint) says nothing.
             let due = self
@@ -147,6 +151,30 @@ impl<'a> Runner<'a> {
             }
         }
         Ok(step)
+    }
+
+    /// Starts building `newest` beside the serving table, unless, under the
+    /// registry lock, it already serves or a rebuild is under way: `step`
+    /// decided on an unlocked read, and acting on a stale one let two
+    /// runners build at once (one failed or dropped the other's table) and
+    /// let a runner that read before a switch drop the table that now served.
+    async fn start_build(&self, newest: &dyn Projection) -> Result<Entry, ProjectionError> {
+        let name = newest.name();
+        let mut tx = self.pool.begin().await?;
+        let now = registry::lock(&mut tx, name)
+            .await?
+            .ok_or_else(|| ProjectionError::Unknown(name.into()))?;
+        if now.version >= newest.version() || now.building_version.is_some() {
+            return Ok(now);
+        }
+        let table = table_name(name, newest.version());
+        registry::drop_table(&mut tx, &table).await?; // a rebuild that never finished restarts cleanly
+        newest
+            .create(&mut tx, &format!("jobledger_proj.\"{table}\""))
+            .await?;
+        registry::start_build(&mut tx, name, newest.version(), &table).await?;
+        tx.commit().await?;
+        self.entry(name).await
     }
 
     /// Rebuilds the current version from position 0 into a fresh table
@@ -216,14 +244,11 @@ impl<'a> Runner<'a> {
         building: bool,
     ) -> Result<Advanced, ProjectionError> {
         let before = self.entry(name).await?;
-        let (from, table) = if building {
-            (
-                before.building_checkpoint(),
-                before.building_table.clone().unwrap_or_default(),
-            )
-        } else {
-            (before.checkpoint(), before.active_table.clone())
+        // No rebuild any more: another runner switched it in meanwhile.
+        let Some((from, table, _)) = before.target(building) else {
+            return Ok(Advanced::Raced);
         };
+        let table = table.to_string();
         let (events, next) = match self.take_ahead(name, building, from, p.data_wanted()) {
             Some(batch) => batch,
             None => self.log.read(from, self.batch, p.data_wanted()).await?,
@@ -241,20 +266,14 @@ impl<'a> Runner<'a> {
         let now = registry::lock(&mut tx, name)
             .await?
             .ok_or_else(|| ProjectionError::Unknown(name.into()))?;
-        let (current, now_table) = if building {
-            (
-                now.building_checkpoint(),
-                now.building_table.clone().unwrap_or_default(),
-            )
-        } else {
-            (now.checkpoint(), now.active_table.clone())
-        };
         // Another runner moved the checkpoint (our batch would apply twice),
-        // or the table changed under us: a switch and a new rebuild both
-        // start a checkpoint at (0, 0), so a batch read for the rebuild
-        // before them would otherwise land in the table that now serves and
-        // move the new rebuild's checkpoint past events it never got.
-        if current != from || now_table != table {
+        // or the table or its version changed under us: a switch and a new
+        // rebuild both start a checkpoint at (0, 0), so a batch read for the
+        // rebuild before them would otherwise land in the table that now
+        // serves and move the new rebuild's checkpoint past events it never
+        // got; and a switch meanwhile would have old code write the new
+        // version's table.
+        if now.target(building) != Some((from, table.as_str(), p.version())) {
             return Ok(Advanced::Raced);
         }
         let table = format!("jobledger_proj.\"{table}\"");
@@ -400,7 +419,9 @@ impl<'a> Runner<'a> {
                     });
                 }
             }
-            if s.applied == 0 && s.rebuilt == 0 && s.switched_to.is_none() {
+            // A lost race is progress (another runner applied that batch),
+            // not a sign of being caught up.
+            if s.applied == 0 && s.rebuilt == 0 && s.switched_to.is_none() && !s.raced {
                 let name = versions.first().map(|p| p.name()).unwrap_or_default();
                 let e = self.entry(name).await?;
                 // Code older than the serving version never advances it.
