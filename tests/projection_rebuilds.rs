@@ -11,7 +11,7 @@ use jobledger::reader::LogReader;
 use jobledger_projections::registry;
 use jobledger_projections::runner::Runner;
 use jobledger_projections::shipped::JobTimeline;
-use jobledger_projections::{BoxFuture, Event, Projection};
+use jobledger_projections::{BoxFuture, Event, Projection, ProjectionError};
 use serde_json::json;
 use sqlx::PgConnection;
 use tokio::sync::{mpsc, Mutex};
@@ -341,4 +341,50 @@ async fn two_runners_start_one_build() {
     let s = within("a catch-up", b.catch_up(&[&v1, &v2])).await.unwrap();
     assert_eq!(s.switched_to, Some(2));
     assert_eq!(tagged(&db).await, (6, 0, 2));
+}
+
+/// Review of issue 15: a rebuild that no running code can build (version 2's
+/// build begun, then version 3 deployed; or `projections rebuild` run with
+/// version 1 just before version 2) is replaced by the newest code's build,
+/// instead of holding the projection still while `catch_up` says Ok. Older
+/// code asked to rebuild while a newer version builds says so.
+#[tokio::test]
+async fn a_rebuild_no_running_code_can_build_is_replaced() {
+    let db = fresh().await;
+    let reader = six_jobs(&db).await;
+    let (v1, v2, v3) = (Tagged::new(1), Tagged::new(2), Tagged::new(3));
+    let r = Runner::new(db.ledger.pool().clone(), &reader, 2).await.unwrap();
+    within("a catch-up", r.catch_up(&[&v1])).await.unwrap();
+    assert_eq!(r.step(&[&v2]).await.unwrap().rebuilt, 2, "v2's build has begun");
+    let err = r.start_rebuild(&v1).await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            ProjectionError::NewerRebuild {
+                building: 2,
+                ours: 1,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    for i in 0..4 {
+        db.enqueue(None, json!({ "skipped": i })).await;
+    }
+    let s = within("a catch-up", r.catch_up(&[&v3])).await.unwrap();
+    assert_eq!(s.switched_to, Some(3), "v3 replaced v2's build and switched in");
+    assert_eq!(tagged(&db).await, (10, 0, 3));
+
+    r.start_rebuild(&v3).await.unwrap(); // `projections rebuild`, then an upgrade
+    db.enqueue(None, json!({ "late": true })).await;
+    let v4 = Tagged::new(4);
+    let s = within("a catch-up", r.catch_up(&[&v4])).await.unwrap();
+    assert_eq!(s.switched_to, Some(4));
+    assert_eq!(tagged(&db).await, (11, 0, 4));
+    let tables = db
+        .count(
+            "SELECT count(*) FROM pg_tables WHERE schemaname = 'jobledger_proj' AND tablename LIKE 'tagged%'",
+        )
+        .await;
+    assert_eq!(tables, 1, "the replaced builds' tables are gone");
 }

@@ -121,6 +121,10 @@ pub enum ProjectionError {
         name: String,
         waited: std::time::Duration,
     },
+    /// A rebuild of a newer version than this code's is under way: only
+    /// the newer code builds it.
+    #[error("projection {name}: a rebuild of version {building} is under way, newer than this code's version {ours}; run it with the newer jobledger")]
+    NewerRebuild { name: String, building: i32, ours: i32 },
 }
 
 /// Which events' `data` a read hands out, how much of it, and whether the

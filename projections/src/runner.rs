@@ -78,6 +78,17 @@ pub const SWITCH_LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs
 /// How long after a switch that timed out the next one is tried.
 pub const SWITCH_RETRY: std::time::Duration = std::time::Duration::from_secs(5);
 
+/// Whether `newest` is to be built: it is newer than the serving version,
+/// and no rebuild is under way but one of an older version. That one only
+/// code of its own version builds (`step`), and no running binary may have
+/// it any more (a version skipped in an upgrade, or `projections rebuild`
+/// run just before one): left alone, it would hold the projection still for
+/// good. A rebuild of a newer version is left to the newer code (a rolling
+/// upgrade).
+fn builds_anew(e: &Entry, newest: &dyn Projection) -> bool {
+    e.version < newest.version() && e.building_version.is_none_or(|b| b < newest.version())
+}
+
 fn serves(versions: &[&dyn Projection], e: &Entry) -> bool {
     versions.iter().any(|p| p.version() == e.version)
 }
@@ -118,7 +129,7 @@ impl<'a> Runner<'a> {
             .ok_or_else(|| ProjectionError::Unknown("none".into()))?;
         let name = newest.name().to_string();
         let entry = self.ensure(newest).await?;
-        let entry = if entry.version < newest.version() && entry.building_version.is_none() {
+        let entry = if builds_anew(&entry, newest) {
             self.start_build(newest).await?
         } else {
             entry
@@ -153,19 +164,23 @@ impl<'a> Runner<'a> {
         Ok(step)
     }
 
-    /// Starts building `newest` beside the serving table, unless, under the
-    /// registry lock, it already serves or a rebuild is under way: `step`
-    /// decided on an unlocked read, and acting on a stale one let two
-    /// runners build at once (one failed or dropped the other's table) and
-    /// let a runner that read before a switch drop the table that now served.
+    /// Starts building `newest` beside the serving table if, under the
+    /// registry lock, it still should (`builds_anew`): `step` decided on an
+    /// unlocked read, and acting on a stale one let two runners build at
+    /// once (one failed or dropped the other's table) and let a runner that
+    /// read before a switch drop the table that now served. A rebuild of an
+    /// older version is dropped and replaced.
     async fn start_build(&self, newest: &dyn Projection) -> Result<Entry, ProjectionError> {
         let name = newest.name();
         let mut tx = self.pool.begin().await?;
         let now = registry::lock(&mut tx, name)
             .await?
             .ok_or_else(|| ProjectionError::Unknown(name.into()))?;
-        if now.version >= newest.version() || now.building_version.is_some() {
+        if !builds_anew(&now, newest) {
             return Ok(now);
+        }
+        if let Some(older) = &now.building_table {
+            registry::drop_table(&mut tx, older).await?;
         }
         let table = table_name(name, newest.version());
         registry::drop_table(&mut tx, &table).await?; // a rebuild that never finished restarts cleanly
@@ -186,8 +201,19 @@ impl<'a> Runner<'a> {
         let e = registry::lock(&mut tx, p.name())
             .await?
             .ok_or_else(|| ProjectionError::Unknown(p.name().into()))?;
-        if let Some(t) = e.building_table {
-            return Ok(t); // one rebuild at a time: resume it
+        match (e.building_version, e.building_table) {
+            // One rebuild at a time: resume one of this version.
+            (Some(v), Some(t)) if v == p.version() => return Ok(t),
+            (Some(v), Some(_)) if v > p.version() => {
+                return Err(ProjectionError::NewerRebuild {
+                    name: p.name().into(),
+                    building: v,
+                    ours: p.version(),
+                })
+            }
+            // An older version's: its code may be gone; this one replaces it.
+            (_, Some(older)) => registry::drop_table(&mut tx, &older).await?,
+            _ => {}
         }
         let table = format!(
             "{}_r{}",
