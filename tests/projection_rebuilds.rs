@@ -16,50 +16,6 @@ use serde_json::json;
 use sqlx::PgConnection;
 use tokio::sync::{mpsc, Mutex};
 
-/// Records, per (job, version), the `synchronous_commit` its batch was
-/// applied under.
-struct FlushSeen;
-impl Projection for FlushSeen {
-    fn name(&self) -> &str {
-        "flush_seen"
-    }
-    fn version(&self) -> i32 {
-        1
-    }
-    fn create<'a>(
-        &'a self,
-        tx: &'a mut PgConnection,
-        table: &'a str,
-    ) -> BoxFuture<'a, Result<(), sqlx::Error>> {
-        Box::pin(async move {
-            sqlx::query(&format!(
-                "CREATE TABLE {table} (job_id uuid, version bigint, flush text, PRIMARY KEY (job_id, version))"
-            ))
-            .execute(&mut *tx)
-            .await?;
-            Ok(())
-        })
-    }
-    fn apply<'a>(
-        &'a self,
-        tx: &'a mut PgConnection,
-        table: &'a str,
-        events: &'a [Event],
-    ) -> BoxFuture<'a, Result<(), sqlx::Error>> {
-        Box::pin(async move {
-            sqlx::query(&format!(
-                "INSERT INTO {table} SELECT j, v, current_setting('synchronous_commit') \
-                 FROM UNNEST($1::uuid[], $2::int8[]) AS u(j, v) ON CONFLICT DO NOTHING"
-            ))
-            .bind(events.iter().map(|e| e.job_id).collect::<Vec<_>>())
-            .bind(events.iter().map(|e| e.version).collect::<Vec<_>>())
-            .execute(&mut *tx)
-            .await?;
-            Ok(())
-        })
-    }
-}
-
 /// A rebuild's batches commit without waiting for their flush (no one reads
 /// the table being built, and the switch's commit flushes them); a serving
 /// table's batches wait for theirs, before the rebuild and after it.
@@ -71,32 +27,27 @@ async fn only_a_rebuild_commits_without_a_flush() {
     }
     let reader = LogReader::open(db.ledger.pool().clone(), "flush").await.unwrap();
     let runner = Runner::new(db.ledger.pool().clone(), &reader, 2).await.unwrap();
+    let v1 = Tagged::new(1);
     let flushes = || async {
-        sqlx::query_scalar::<_, String>(
-            "SELECT flush FROM jobledger_proj.flush_seen ORDER BY job_id, version",
-        )
-        .fetch_all(db.ledger.pool())
-        .await
-        .unwrap()
+        sqlx::query_scalar::<_, String>("SELECT flush FROM jobledger_proj.tagged ORDER BY job_id, version")
+            .fetch_all(db.ledger.pool())
+            .await
+            .unwrap()
     };
-    within("a catch-up", runner.catch_up(&[&FlushSeen]))
-        .await
-        .unwrap();
+    within("a catch-up", runner.catch_up(&[&v1])).await.unwrap();
     assert_eq!(
         flushes().await,
         vec!["on"; 5],
         "the serving table's first catch-up"
     );
 
-    runner.start_rebuild(&FlushSeen).await.unwrap();
-    let s = within("a rebuild", runner.catch_up(&[&FlushSeen])).await.unwrap();
+    runner.start_rebuild(&v1).await.unwrap();
+    let s = within("a rebuild", runner.catch_up(&[&v1])).await.unwrap();
     assert_eq!(s.switched_to, Some(1));
     assert_eq!(flushes().await, vec!["off"; 5], "the rebuilt table, now serving");
 
     db.enqueue(None, json!({ "i": 5 })).await;
-    within("a catch-up", runner.catch_up(&[&FlushSeen]))
-        .await
-        .unwrap();
+    within("a catch-up", runner.catch_up(&[&v1])).await.unwrap();
     let after = flushes().await;
     assert_eq!(after.iter().filter(|f| *f == "on").count(), 1, "{after:?}");
 }
@@ -148,7 +99,8 @@ async fn a_batch_read_for_a_rebuild_that_switched_meanwhile_is_not_applied() {
 }
 
 /// Version `.0` of a projection named `tagged` whose rows say which
-/// version's code wrote them. When `.1` is armed, its `create` reports
+/// version's code wrote them, and the `synchronous_commit` their batch was
+/// applied under. When `.1` is armed, its `create` reports
 /// (first sender) and waits (second receiver) once, with the table created
 /// and its transaction open.
 type CreateGate = Mutex<Option<(mpsc::Sender<()>, mpsc::Receiver<()>)>>;
@@ -172,7 +124,8 @@ impl Projection for Tagged {
     ) -> BoxFuture<'a, Result<(), sqlx::Error>> {
         Box::pin(async move {
             sqlx::query(&format!(
-                "CREATE TABLE {table} (job_id uuid, version bigint, by int, PRIMARY KEY (job_id, version))"
+                "CREATE TABLE {table} (job_id uuid, version bigint, by int, flush text, \
+                 PRIMARY KEY (job_id, version))"
             ))
             .execute(&mut *tx)
             .await?;
@@ -192,8 +145,8 @@ impl Projection for Tagged {
     ) -> BoxFuture<'a, Result<(), sqlx::Error>> {
         Box::pin(async move {
             sqlx::query(&format!(
-                "INSERT INTO {table} SELECT j, v, $3 FROM UNNEST($1::uuid[], $2::int8[]) AS u(j, v) \
-                 ON CONFLICT DO NOTHING"
+                "INSERT INTO {table} SELECT j, v, $3, current_setting('synchronous_commit') \
+                 FROM UNNEST($1::uuid[], $2::int8[]) AS u(j, v) ON CONFLICT DO NOTHING"
             ))
             .bind(events.iter().map(|e| e.job_id).collect::<Vec<_>>())
             .bind(events.iter().map(|e| e.version).collect::<Vec<_>>())

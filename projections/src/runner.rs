@@ -89,6 +89,24 @@ fn builds_anew(e: &Entry, newest: &dyn Projection) -> bool {
     e.version < newest.version() && e.building_version.is_none_or(|b| b < newest.version())
 }
 
+/// Starts building `p` into a new `table` in `tx` (which holds the registry
+/// row), replacing the rebuild in `older` if any, and commits. A table of
+/// that name left by a build that never finished is dropped first.
+async fn build_into(
+    mut tx: sqlx::Transaction<'_, sqlx::Postgres>,
+    p: &dyn Projection,
+    older: Option<&str>,
+    table: &str,
+) -> Result<(), ProjectionError> {
+    for t in older.into_iter().chain([table]) {
+        registry::drop_table(&mut tx, t).await?;
+    }
+    p.create(&mut tx, &format!("jobledger_proj.\"{table}\"")).await?;
+    registry::start_build(&mut tx, p.name(), p.version(), table).await?;
+    tx.commit().await?;
+    Ok(())
+}
+
 fn serves(versions: &[&dyn Projection], e: &Entry) -> bool {
     versions.iter().any(|p| p.version() == e.version)
 }
@@ -179,16 +197,8 @@ impl<'a> Runner<'a> {
         if !builds_anew(&now, newest) {
             return Ok(now);
         }
-        if let Some(older) = &now.building_table {
-            registry::drop_table(&mut tx, older).await?;
-        }
         let table = table_name(name, newest.version());
-        registry::drop_table(&mut tx, &table).await?; // a rebuild that never finished restarts cleanly
-        newest
-            .create(&mut tx, &format!("jobledger_proj.\"{table}\""))
-            .await?;
-        registry::start_build(&mut tx, name, newest.version(), &table).await?;
-        tx.commit().await?;
+        build_into(tx, newest, now.building_table.as_deref(), &table).await?;
         self.entry(name).await
     }
 
@@ -201,9 +211,9 @@ impl<'a> Runner<'a> {
         let e = registry::lock(&mut tx, p.name())
             .await?
             .ok_or_else(|| ProjectionError::Unknown(p.name().into()))?;
-        match (e.building_version, e.building_table) {
+        match (e.building_version, &e.building_table) {
             // One rebuild at a time: resume one of this version.
-            (Some(v), Some(t)) if v == p.version() => return Ok(t),
+            (Some(v), Some(t)) if v == p.version() => return Ok(t.clone()),
             (Some(v), Some(_)) if v > p.version() => {
                 return Err(ProjectionError::NewerRebuild {
                     name: p.name().into(),
@@ -211,8 +221,7 @@ impl<'a> Runner<'a> {
                     ours: p.version(),
                 })
             }
-            // An older version's: its code may be gone; this one replaces it.
-            (_, Some(older)) => registry::drop_table(&mut tx, &older).await?,
+            // An older version's (its code may be gone) is replaced.
             _ => {}
         }
         let table = format!(
@@ -220,9 +229,7 @@ impl<'a> Runner<'a> {
             table_name(p.name(), p.version()),
             chrono::Utc::now().timestamp_millis()
         );
-        p.create(&mut tx, &format!("jobledger_proj.\"{table}\"")).await?;
-        registry::start_build(&mut tx, p.name(), p.version(), &table).await?;
-        tx.commit().await?;
+        build_into(tx, p, e.building_table.as_deref(), &table).await?;
         Ok(table)
     }
 

@@ -152,7 +152,7 @@ impl<'a> DataAs<'a> {
     /// nesting deeper than serde's limit outside the keys read, or in the
     /// relay's unparsed data).
     fn columns(self, kinds: usize) -> String {
-        let keys = match self {
+        let (keys, hashes) = match self {
             DataAs::Raw => {
                 let columns = qualified_with(|c| match c {
                     "data" => "'null'::jsonb AS data".to_string(),
@@ -160,9 +160,8 @@ impl<'a> DataAs<'a> {
                 });
                 return format!("{columns}, e.data AS raw_data");
             }
-            DataAs::Parsed { keys, .. } => keys,
+            DataAs::Parsed { keys, hashes, .. } => (keys, hashes),
         };
-        let hashes = matches!(self, DataAs::Parsed { hashes: true, .. });
         let data = format!(
             "CASE WHEN ${kinds}::text[] IS NULL OR e.type = ANY(${kinds}::text[]) THEN {} ELSE 'null'::jsonb END AS data",
             data_keys_sql("e.data", &format!("${}", kinds + 1), keys)
