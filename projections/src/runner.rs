@@ -154,7 +154,7 @@ impl<'a> Runner<'a> {
         };
         let mut step = Step::default();
         if let Some(serving) = versions.iter().find(|p| p.version() == entry.version) {
-            let served = self.advance(*serving, &name, false).await?;
+            let served = self.advance(*serving, &entry, false).await?;
             step.applied = served.count();
             step.raced |= served == Advanced::Raced;
         }
@@ -165,7 +165,14 @@ impl<'a> Runner<'a> {
             .building_version
             .and_then(|v| versions.iter().find(|p| p.version() == v));
         if let Some(builder) = builder {
-            let built = self.advance(*builder, &name, true).await?;
+            // The row as this step read it, unless the serving table moved
+            // it since (a stale one only loses the race under the lock).
+            let now = if step.applied > 0 {
+                self.entry(&name).await?
+            } else {
+                entry
+            };
+            let built = self.advance(*builder, &now, true).await?;
             step.rebuilt = built.count();
             step.raced |= built == Advanced::Raced;
             // Only a genuinely empty read says the rebuild caught up; a lost
@@ -260,7 +267,8 @@ impl<'a> Runner<'a> {
         self.entry(p.name()).await
     }
 
-    /// One batch into the serving table or the one being rebuilt. The read
+    /// One batch into the serving table or the one being rebuilt, as
+    /// `before` (the registry row, read unlocked) places it. The read
     /// happens before the transaction (a transaction holding an xid would
     /// hold back the reader's own horizon); the transaction then locks the
     /// registry row and applies only if nobody moved the checkpoint meanwhile.
@@ -273,10 +281,10 @@ impl<'a> Runner<'a> {
     async fn advance(
         &self,
         p: &dyn Projection,
-        name: &str,
+        before: &Entry,
         building: bool,
     ) -> Result<Advanced, ProjectionError> {
-        let before = self.entry(name).await?;
+        let name = before.name.as_str();
         // No rebuild any more: another runner switched it in meanwhile.
         let Some((from, table, _)) = before.target(building) else {
             return Ok(Advanced::Raced);
