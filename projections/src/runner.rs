@@ -90,16 +90,18 @@ fn builds_anew(e: &Entry, newest: &dyn Projection) -> bool {
 }
 
 /// Starts building `p` into a new `table` in `tx` (which holds the registry
-/// row), replacing the rebuild in `older` if any, and commits. A table of
-/// that name left by a build that never finished is dropped first.
+/// row), replacing the rebuild in `older` if any, and commits. `table` is
+/// created, never dropped: a name that exists (a rebuild's timestamped name
+/// met again, on a clock set back) fails the creation instead of dropping
+/// what may be the serving table.
 async fn build_into(
     mut tx: sqlx::Transaction<'_, sqlx::Postgres>,
     p: &dyn Projection,
     older: Option<&str>,
     table: &str,
 ) -> Result<(), ProjectionError> {
-    for t in older.into_iter().chain([table]) {
-        registry::drop_table(&mut tx, t).await?;
+    if let Some(older) = older {
+        registry::drop_table(&mut tx, older).await?;
     }
     p.create(&mut tx, &format!("jobledger_proj.\"{table}\"")).await?;
     registry::start_build(&mut tx, p.name(), p.version(), table).await?;
@@ -165,13 +167,10 @@ impl<'a> Runner<'a> {
             .building_version
             .and_then(|v| versions.iter().find(|p| p.version() == v));
         if let Some(builder) = builder {
-            // The row as this step read it, unless the serving table moved
-            // it since (a stale one only loses the race under the lock).
-            let now = if step.applied > 0 {
-                self.entry(&name).await?
-            } else {
-                entry
-            };
+            // Read again: another runner may have switched and started a
+            // new rebuild since this step read the row, and an empty read
+            // from the old rebuild's checkpoint would say nothing of it.
+            let now = self.entry(&name).await?;
             let built = self.advance(*builder, &now, true).await?;
             step.rebuilt = built.count();
             step.raced |= built == Advanced::Raced;
@@ -205,6 +204,7 @@ impl<'a> Runner<'a> {
             return Ok(now);
         }
         let table = table_name(name, newest.version());
+        registry::drop_table(&mut tx, &table).await?; // a build that never finished restarts cleanly
         build_into(tx, newest, now.building_table.as_deref(), &table).await?;
         self.entry(name).await
     }
