@@ -341,3 +341,124 @@ async fn a_rebuild_no_running_code_can_build_is_replaced() {
         .await;
     assert_eq!(tables, 1, "the replaced builds' tables are gone");
 }
+
+/// `tagged`'s code under another name.
+struct Renamed(&'static str, Tagged);
+impl Projection for Renamed {
+    fn name(&self) -> &str {
+        self.0
+    }
+    fn version(&self) -> i32 {
+        self.1.version()
+    }
+    fn create<'a>(
+        &'a self,
+        tx: &'a mut PgConnection,
+        table: &'a str,
+    ) -> BoxFuture<'a, Result<(), sqlx::Error>> {
+        self.1.create(tx, table)
+    }
+    fn apply<'a>(
+        &'a self,
+        tx: &'a mut PgConnection,
+        table: &'a str,
+        events: &'a [Event],
+    ) -> BoxFuture<'a, Result<(), sqlx::Error>> {
+        self.1.apply(tx, table, events)
+    }
+}
+
+/// A name whose tables could be another projection's is refused before
+/// anything is created: `foo_v2_`'s first table `foo_v2__v1` reads as a side
+/// table of `foo_v2`'s, which `foo`'s switch drops; past 30 bytes a
+/// rebuild's side table passes 63, and PostgreSQL cuts the name silently.
+#[tokio::test]
+async fn a_name_whose_tables_could_be_another_projections_is_refused() {
+    let db = fresh().await;
+    let reader = six_jobs(&db).await;
+    let r = Runner::new(db.ledger.pool().clone(), &reader, 10).await.unwrap();
+    let long: &'static str = Box::leak("x".repeat(31).into_boxed_str());
+    for name in ["foo_v2_", "foo__x", "Foo", "9x", "", "a-b", "a b", "ü", long] {
+        let p = Renamed(name, Tagged::new(1));
+        let err = r.step(&[&p]).await.unwrap_err();
+        assert!(matches!(err, ProjectionError::BadName { .. }), "{name:?}: {err}");
+        let err = r.start_rebuild(&p).await.unwrap_err();
+        assert!(matches!(err, ProjectionError::BadName { .. }), "{name:?}: {err}");
+    }
+    let tables =
+        "SELECT count(*) FROM pg_tables WHERE schemaname = 'jobledger_proj' AND tablename <> 'registry'";
+    assert_eq!(db.count(tables).await, 0, "nothing was created");
+    assert_eq!(db.count("SELECT count(*) FROM jobledger_proj.registry").await, 0);
+    let fine = Renamed("foo_v2", Tagged::new(1));
+    within("a catch-up", r.catch_up(&[&fine])).await.unwrap();
+    let at_limit = Renamed(&long[1..], Tagged::new(1));
+    within("a catch-up", r.catch_up(&[&at_limit])).await.unwrap();
+    assert_eq!(db.count(tables).await, 2);
+}
+
+/// Review of issue 15: `projections rebuild` with code older than the
+/// serving version would switch the view back to the older table (which
+/// newer runners would then build anew). It is refused.
+#[tokio::test]
+async fn older_code_does_not_rebuild_over_a_newer_version() {
+    let db = fresh().await;
+    let reader = six_jobs(&db).await;
+    let (v1, v2) = (Tagged::new(1), Tagged::new(2));
+    let r = Runner::new(db.ledger.pool().clone(), &reader, 10).await.unwrap();
+    within("a catch-up", r.catch_up(&[&v1])).await.unwrap();
+    let s = within("a catch-up", r.catch_up(&[&v1, &v2])).await.unwrap();
+    assert_eq!(s.switched_to, Some(2));
+    let err = r.start_rebuild(&v1).await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            ProjectionError::OlderThanServing {
+                serving: 2,
+                ours: 1,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    let e = registry::entries(db.ledger.pool()).await.unwrap().remove(0);
+    assert_eq!((e.version, e.building_version), (2, None));
+    assert_eq!(tagged(&db).await, (6, 0, 2));
+}
+
+/// Review of issue 15: `projections rebuild` stepped until its own step
+/// switched the table in, so when the `projections run` service switched
+/// it in first it looped for good. A rebuild switched in by another runner
+/// is finished; one a newer version's build replaced says so.
+#[tokio::test]
+async fn a_rebuild_another_runner_switches_in_or_replaces_ends() {
+    let db = fresh().await;
+    let reader = six_jobs(&db).await;
+    let (v1, v2) = (Tagged::new(1), Tagged::new(2));
+    let ours = Runner::new(db.ledger.pool().clone(), &reader, 2).await.unwrap();
+    let service = Runner::new(db.ledger.pool().clone(), &reader, 2).await.unwrap();
+    within("a catch-up", ours.catch_up(&[&v1])).await.unwrap();
+    let table = ours.start_rebuild(&v1).await.unwrap();
+    let s = within("the service", service.catch_up(&[&v1])).await.unwrap();
+    assert_eq!(s.switched_to, Some(1));
+    let mut rebuilt = 0;
+    let v = within(
+        "the rebuild's end",
+        ours.finish_rebuild(&v1, &table, |n| rebuilt += n),
+    )
+    .await;
+    assert_eq!((v.unwrap(), rebuilt), (1, 0), "switched in by the service");
+
+    let table = ours.start_rebuild(&v1).await.unwrap();
+    assert!(
+        service.step(&[&v1, &v2]).await.unwrap().rebuilt > 0,
+        "v2's build replaced it"
+    );
+    let err = within("the rebuild's end", ours.finish_rebuild(&v1, &table, |_| ())).await;
+    assert!(
+        matches!(&err, Err(ProjectionError::RebuildReplaced { table: t, .. }) if *t == table),
+        "{err:?}"
+    );
+    let s = within("a catch-up", ours.catch_up(&[&v1, &v2])).await.unwrap();
+    assert_eq!(s.switched_to, Some(2));
+    assert_eq!(tagged(&db).await, (6, 0, 2));
+}

@@ -11,6 +11,7 @@
 #![forbid(unsafe_code)]
 
 pub mod queue_stats;
+pub mod rebuild;
 pub mod registry;
 pub mod runner;
 pub mod shipped;
@@ -125,6 +126,18 @@ pub enum ProjectionError {
     /// the newer code builds it.
     #[error("projection {name}: a rebuild of version {building} is under way, newer than this code's version {ours}; run it with the newer jobledger")]
     NewerRebuild { name: String, building: i32, ours: i32 },
+    /// A rebuild asked of code older than the serving version: it would
+    /// switch the view back to an older table.
+    #[error("projection {name}: version {serving} serves, newer than this code's version {ours}; rebuild it with the newer jobledger")]
+    OlderThanServing { name: String, serving: i32, ours: i32 },
+    /// A name whose tables could be another projection's (see
+    /// `rebuild::check_name`).
+    #[error("projection name {name:?} is not usable: {reason}")]
+    BadName { name: String, reason: &'static str },
+    /// The rebuild being driven neither goes on nor serves: another one
+    /// (a newer version's) replaced it.
+    #[error("projection {name}: the rebuild into {table} was replaced by another (see projections status)")]
+    RebuildReplaced { name: String, table: String },
 }
 
 /// Which events' `data` a read hands out, how much of it, and whether the

@@ -228,6 +228,15 @@ impl<'a> Runner<'a> {
                     ours: p.version(),
                 })
             }
+            // Older code (a rollback) would switch the view back to an
+            // older version, which newer runners then build anew.
+            _ if e.version > p.version() => {
+                return Err(ProjectionError::OlderThanServing {
+                    name: p.name().into(),
+                    serving: e.version,
+                    ours: p.version(),
+                })
+            }
             // An older version's (its code may be gone) is replaced.
             _ => {}
         }
@@ -240,7 +249,7 @@ impl<'a> Runner<'a> {
         Ok(table)
     }
 
-    async fn entry(&self, name: &str) -> Result<Entry, ProjectionError> {
+    pub(crate) async fn entry(&self, name: &str) -> Result<Entry, ProjectionError> {
         let mut conn = self.pool.acquire().await?;
         registry::get(&mut conn, name)
             .await?
@@ -252,6 +261,7 @@ impl<'a> Runner<'a> {
         if let Some(e) = registry::get(&mut *self.pool.acquire().await?, p.name()).await? {
             return Ok(e);
         }
+        crate::rebuild::check_name(p.name())?;
         let mut tx = self.pool.begin().await?;
         // Two runners registering a new projection at once would both
         // create its table (there is no registry row to lock yet).

@@ -71,24 +71,9 @@ pub async fn run(ledger: &Ledger, action: &str, name: Option<&str>) -> Result<i3
                     .progress_chars("=> "),
             );
             bar.set_message(format!("rebuilding {name} into {table}"));
-            // A step that moved nothing (the horizon is held, or the switch
-            // must wait) backs off instead of spinning.
-            let mut idle = std::time::Duration::from_millis(5);
-            loop {
-                let s = runner.step(&[p]).await?;
-                bar.inc(s.rebuilt as u64);
-                if let Some(v) = s.switched_to {
-                    bar.finish_with_message(format!("{name}: switched to the rebuilt table (version {v})"));
-                    line(&json!({ "projection": name, "rebuilt_events": bar.position(), "switched_to": v }));
-                    break;
-                }
-                if s.rebuilt == 0 && s.applied == 0 {
-                    tokio::time::sleep(idle).await;
-                    idle = (idle * 2).min(std::time::Duration::from_millis(250));
-                } else {
-                    idle = std::time::Duration::from_millis(5);
-                }
-            }
+            let v = runner.finish_rebuild(p, &table, |n| bar.inc(n as u64)).await?;
+            bar.finish_with_message(format!("{name}: switched to the rebuilt table (version {v})"));
+            line(&json!({ "projection": name, "rebuilt_events": bar.position(), "switched_to": v }));
         }
         _ => {
             for v in status_json(ledger, &reader, action == "status").await? {
