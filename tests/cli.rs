@@ -514,3 +514,23 @@ async fn projections_run_carries_on_past_a_projection_that_fails() {
         assert_eq!(named(p).expect("tried")["applied"], 1, "{lines:?}");
     }
 }
+
+/// Issue 15 (rolling upgrades): once a newer binary's `jobs_rebuilt`
+/// serves, an older binary's `verify --rebuilt` says so instead of
+/// comparing against a table of a shape it does not know.
+#[tokio::test]
+async fn verify_rebuilt_by_older_code_names_the_newer_version() {
+    let db = common::fresh().await;
+    let url = db.url.as_str();
+    jl(url, &["enqueue", "--queue", "q", "--kind", "k"]).json();
+    let v = jl(url, &["verify", "--rebuilt"]);
+    assert_eq!((v.code, v.json()["ok"].clone()), (0, true.into()), "{}", v.stderr);
+    sqlx::query("UPDATE jobledger_proj.registry SET version = 99 WHERE name = 'jobs_rebuilt'")
+        .execute(db.ledger.pool())
+        .await
+        .unwrap();
+    let v = jl(url, &["verify", "--rebuilt"]);
+    assert_ne!(v.code, 0, "{}", v.stdout);
+    assert!(v.stderr.contains("version 99 serves"), "{}", v.stderr);
+    assert_eq!(v.stderr.trim().lines().count(), 1, "{}", v.stderr);
+}

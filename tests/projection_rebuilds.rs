@@ -398,7 +398,8 @@ async fn a_name_whose_tables_could_be_another_projections_is_refused() {
 
 /// Review of issue 15: `projections rebuild` with code older than the
 /// serving version would switch the view back to the older table (which
-/// newer runners would then build anew). It is refused.
+/// newer runners would then build anew). It is refused; and a reader of the
+/// view with older code (`verify --rebuilt`) learns it serves a newer one.
 #[tokio::test]
 async fn older_code_does_not_rebuild_over_a_newer_version() {
     let db = fresh().await;
@@ -423,6 +424,10 @@ async fn older_code_does_not_rebuild_over_a_newer_version() {
     let e = registry::entries(db.ledger.pool()).await.unwrap().remove(0);
     assert_eq!((e.version, e.building_version), (2, None));
     assert_eq!(tagged(&db).await, (6, 0, 2));
+    let err = r.check_serving(&v1).await.unwrap_err();
+    assert!(matches!(err, ProjectionError::OlderThanServing { .. }), "{err}");
+    r.check_serving(&v2).await.unwrap();
+    r.check_serving(&Tagged::new(3)).await.unwrap();
 }
 
 /// Review of issue 15: `projections rebuild` stepped until its own step

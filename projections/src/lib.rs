@@ -126,9 +126,9 @@ pub enum ProjectionError {
     /// the newer code builds it.
     #[error("projection {name}: a rebuild of version {building} is under way, newer than this code's version {ours}; run it with the newer jobledger")]
     NewerRebuild { name: String, building: i32, ours: i32 },
-    /// A rebuild asked of code older than the serving version: it would
-    /// switch the view back to an older table.
-    #[error("projection {name}: version {serving} serves, newer than this code's version {ours}; rebuild it with the newer jobledger")]
+    /// Code older than the serving version asked to rebuild it (it would
+    /// switch the view back to an older table) or to read it.
+    #[error("projection {name}: version {serving} serves, newer than this code's version {ours}; use the newer jobledger")]
     OlderThanServing { name: String, serving: i32, ours: i32 },
     /// A name whose tables could be another projection's (see
     /// `rebuild::check_name`).

@@ -43,6 +43,23 @@ pub fn check_name(name: &str) -> Result<(), ProjectionError> {
 }
 
 impl Runner<'_> {
+    /// Refuses when the view serves a newer version than `p`'s code: in a
+    /// rolling upgrade older code's `catch_up` leaves a newer version alone
+    /// and returns Ok, so a caller about to read the view through `p`'s
+    /// idea of its table (`verify --rebuilt`) asks this first instead of
+    /// misreading a table of another shape.
+    pub async fn check_serving(&self, p: &dyn Projection) -> Result<(), ProjectionError> {
+        let e = self.entry(p.name()).await?;
+        if e.version > p.version() {
+            return Err(ProjectionError::OlderThanServing {
+                name: p.name().to_string(),
+                serving: e.version,
+                ours: p.version(),
+            });
+        }
+        Ok(())
+    }
+
     /// Steps `p` until its rebuild into `table` (from `start_rebuild`)
     /// serves, and returns the version serving. `progress` gets each step's
     /// count of rebuilt events. Another runner (the `projections run`

@@ -131,6 +131,7 @@ async fn verify(ledger: &Ledger, cli: &Cli) -> Result<i32> {
                 let runner =
                     jobledger_projections::runner::Runner::new(ledger.pool().clone(), &reader, 5000).await?;
                 runner.catch_up(&[&jobledger::rebuilt::JobsRebuilt]).await?;
+                runner.check_serving(&jobledger::rebuilt::JobsRebuilt).await?;
                 let problems = ledger.compare_rebuilt().await?;
                 for p in &problems {
                     line(&json!({ "problem": p }));
