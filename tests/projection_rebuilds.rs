@@ -378,8 +378,26 @@ async fn a_name_whose_tables_could_be_another_projections_is_refused() {
     let reader = six_jobs(&db).await;
     let r = Runner::new(db.ledger.pool().clone(), &reader, 10).await.unwrap();
     let long: &'static str = Box::leak("x".repeat(31).into_boxed_str());
-    for name in ["foo_v2_", "foo__x", "Foo", "9x", "", "a-b", "a b", "ü", long] {
-        let p = Renamed(name, Tagged::new(1));
+    // Review of issue 15 (helper-45): `foo_v2` passed, and its view then
+    // held the name of `foo`'s version 2 table, so `foo` never upgraded.
+    let bad = [
+        ("foo_v2_", 1),
+        ("foo__x", 1),
+        ("Foo", 1),
+        ("9x", 1),
+        ("", 1),
+        ("a-b", 1),
+        ("a b", 1),
+        ("ü", 1),
+        (long, 1),
+        ("foo_v2", 1),
+        ("foo_v12_r1733400000000", 1),
+        ("registry", 1),
+        ("ok", 0),
+        ("ok", -1),
+    ];
+    for (name, version) in bad {
+        let p = Renamed(name, Tagged::new(version));
         let err = r.step(&[&p]).await.unwrap_err();
         assert!(matches!(err, ProjectionError::BadName { .. }), "{name:?}: {err}");
         let err = r.start_rebuild(&p).await.unwrap_err();
@@ -389,7 +407,7 @@ async fn a_name_whose_tables_could_be_another_projections_is_refused() {
         "SELECT count(*) FROM pg_tables WHERE schemaname = 'jobledger_proj' AND tablename <> 'registry'";
     assert_eq!(db.count(tables).await, 0, "nothing was created");
     assert_eq!(db.count("SELECT count(*) FROM jobledger_proj.registry").await, 0);
-    let fine = Renamed("foo_v2", Tagged::new(1));
+    let fine = Renamed("foo_v2x", Tagged::new(1));
     within("a catch-up", r.catch_up(&[&fine])).await.unwrap();
     let at_limit = Renamed(&long[1..], Tagged::new(1));
     within("a catch-up", r.catch_up(&[&at_limit])).await.unwrap();
@@ -466,4 +484,73 @@ async fn a_rebuild_another_runner_switches_in_or_replaces_ends() {
     let s = within("a catch-up", ours.catch_up(&[&v1, &v2])).await.unwrap();
     assert_eq!(s.switched_to, Some(2));
     assert_eq!(tagged(&db).await, (6, 0, 2));
+}
+
+/// Review of issue 15 (helper-45): a rebuild of an older version than the
+/// one serving (left by an older binary) was resumed by `start_rebuild` and
+/// carried on and switched in by older code's steps, serving the older
+/// version again. Older code now leaves it alone (and its `catch_up` does
+/// not wait for it); the serving version's `start_rebuild` replaces it.
+#[tokio::test]
+async fn a_rebuild_older_than_the_serving_version_is_never_switched_in() {
+    let db = fresh().await;
+    let reader = six_jobs(&db).await;
+    let (v1, v2) = (Tagged::new(1), Tagged::new(2));
+    let r = Runner::new(db.ledger.pool().clone(), &reader, 2).await.unwrap();
+    within("a catch-up", r.catch_up(&[&v1])).await.unwrap();
+    let s = within("a catch-up", r.catch_up(&[&v1, &v2])).await.unwrap();
+    assert_eq!(s.switched_to, Some(2));
+    for sql in [
+        "CREATE TABLE jobledger_proj.tagged_v1_r1 (job_id uuid, version bigint, by int, flush text, \
+         PRIMARY KEY (job_id, version))",
+        "UPDATE jobledger_proj.registry SET building_version = 1, building_table = 'tagged_v1_r1', \
+         b_txid = 0, b_position = 0 WHERE name = 'tagged'",
+    ] {
+        sqlx::query(sql).execute(db.ledger.pool()).await.unwrap();
+    }
+    let err = r.start_rebuild(&v1).await.unwrap_err();
+    assert!(matches!(err, ProjectionError::OlderThanServing { .. }), "{err}");
+    let s = within("older code's catch-up", r.catch_up(&[&v1])).await.unwrap();
+    assert_eq!((s.rebuilt, s.switched_to), (0, None));
+    assert_eq!(tagged(&db).await, (6, 0, 2), "v2 still serves");
+
+    let table = r.start_rebuild(&v2).await.unwrap();
+    assert_ne!(table, "tagged_v1_r1", "replaced");
+    let v = within("the rebuild", r.finish_rebuild(&v2, &table, |_| ())).await;
+    assert_eq!(v.unwrap(), 2);
+    assert_eq!(tagged(&db).await, (6, 0, 2));
+}
+
+/// Review of issue 15 (helper-45): `finish_rebuild` trusted any step's
+/// progress and switch, so once the service had switched its table in and
+/// someone started another rebuild, it built that one to the end and
+/// reported it as its own. It ends as soon as its own table serves.
+#[tokio::test]
+async fn finishing_a_rebuild_leaves_the_next_one_alone() {
+    let db = fresh().await;
+    let reader = six_jobs(&db).await;
+    let v1 = Tagged::new(1);
+    let ours = Runner::new(db.ledger.pool().clone(), &reader, 2).await.unwrap();
+    let service = Runner::new(db.ledger.pool().clone(), &reader, 2).await.unwrap();
+    within("a catch-up", ours.catch_up(&[&v1])).await.unwrap();
+    let table = ours.start_rebuild(&v1).await.unwrap();
+    let s = within("the service", service.catch_up(&[&v1])).await.unwrap();
+    assert_eq!(s.switched_to, Some(1));
+    let next = loop {
+        // A rebuild's table is named by the millisecond it starts in.
+        match service.start_rebuild(&v1).await {
+            Ok(t) if t != table => break t,
+            _ => tokio::task::yield_now().await,
+        }
+    };
+    let mut rebuilt = 0;
+    let v = within(
+        "the rebuild's end",
+        ours.finish_rebuild(&v1, &table, |n| rebuilt += n),
+    )
+    .await;
+    assert_eq!((v.unwrap(), rebuilt), (1, 0));
+    let e = registry::entries(db.ledger.pool()).await.unwrap().remove(0);
+    assert_eq!((e.active_table, e.building_table), (table, Some(next)));
+    assert_eq!(e.b_position, 0, "the next rebuild was not stepped");
 }

@@ -130,13 +130,14 @@ pub enum ProjectionError {
     /// switch the view back to an older table) or to read it.
     #[error("projection {name}: version {serving} serves, newer than this code's version {ours}; use the newer jobledger")]
     OlderThanServing { name: String, serving: i32, ours: i32 },
-    /// A name whose tables could be another projection's (see
-    /// `rebuild::check_name`).
-    #[error("projection name {name:?} is not usable: {reason}")]
+    /// A name whose tables could be another projection's, or a version
+    /// below 1 (see `rebuild::check_projection`).
+    #[error("projection {name:?} is not usable: {reason}")]
     BadName { name: String, reason: &'static str },
-    /// The rebuild being driven neither goes on nor serves: another one
-    /// (a newer version's) replaced it.
-    #[error("projection {name}: the rebuild into {table} was replaced by another (see projections status)")]
+    /// The rebuild being driven neither goes on nor serves: a newer
+    /// version's build replaced it, or it served and a later rebuild
+    /// followed it.
+    #[error("projection {name}: the rebuild into {table} is neither under way nor serving: a newer version's build replaced it, or it served and a later rebuild followed (see projections status)")]
     RebuildReplaced { name: String, table: String },
 }
 

@@ -11,13 +11,17 @@ use crate::{Projection, ProjectionError};
 /// without an error, so two names could meet in one table.
 pub const MAX_NAME: usize = 30;
 
-/// Refuses a projection name whose tables could be another name's, or be
-/// cut by PostgreSQL. Lower-case ASCII letters, digits and single
+/// Refuses a projection whose tables could be another projection's, or be
+/// cut by PostgreSQL. A name is lower-case ASCII letters, digits and single
 /// underscores, starting with a letter and not ending with an underscore:
 /// `drop_table("x_v2")` drops `x_v2` and its side tables `x_v2__*`, so a
 /// projection named `x_v2_` (tables `x_v2__v1`, …) would lose its table to
-/// the first one's switch.
-pub fn check_name(name: &str) -> Result<(), ProjectionError> {
+/// the first one's switch. Nor may it look like a table name itself
+/// (`x_v2`, `x_v2_r123`): its view `jobledger_proj.<name>` shares their
+/// namespace, and `x` could then never build its version 2. `registry` is
+/// the runner's own table. A version is at least 1 (a sign would pass the
+/// 63-byte budget).
+pub fn check_projection(name: &str, version: i32) -> Result<(), ProjectionError> {
     let bad = |reason: &'static str| {
         Err(ProjectionError::BadName {
             name: name.to_string(),
@@ -39,7 +43,27 @@ pub fn check_name(name: &str) -> Result<(), ProjectionError> {
     if name.contains("__") || name.ends_with('_') {
         return bad("it may not hold two underscores in a row or end with one (side tables are <table>__*)");
     }
+    if looks_like_a_table(name) || name == "registry" {
+        return bad(
+            "it is, or could be, the name of a projection's table (<name>_v<N>, <name>_v<N>_r<M>, registry)",
+        );
+    }
+    if version < 1 {
+        return bad("its version must be at least 1");
+    }
     Ok(())
+}
+
+/// `x_v2` or `x_v2_r1733400000000`: what `table_name` and a rebuild make.
+fn looks_like_a_table(name: &str) -> bool {
+    // Where `tag` followed by digits ends `s`, after something.
+    let digits_after = |s: &str, tag: &str| -> Option<usize> {
+        let i = s.rfind(tag)?;
+        let tail = &s[i + tag.len()..];
+        (i > 0 && !tail.is_empty() && tail.bytes().all(|b| b.is_ascii_digit())).then_some(i)
+    };
+    let base = digits_after(name, "_r").map_or(name, |i| &name[..i]);
+    digits_after(base, "_v").is_some()
 }
 
 impl Runner<'_> {
@@ -64,8 +88,11 @@ impl Runner<'_> {
     /// serves, and returns the version serving. `progress` gets each step's
     /// count of rebuilt events. Another runner (the `projections run`
     /// service) may switch the table in first: that is success too, not a
-    /// wait for a switch that will never come here. A rebuild that neither
-    /// goes on nor serves (a newer version's build replaced it) ends in
+    /// wait for a switch that will never come here. The registry is read
+    /// before every step, so no step carries on a rebuild other than this
+    /// one for long: once `table` is neither being built nor serving (a
+    /// newer version's build replaced it, or it served and a later rebuild
+    /// followed it between two looks) this ends in
     /// `ProjectionError::RebuildReplaced`.
     pub async fn finish_rebuild(
         &self,
@@ -77,26 +104,23 @@ impl Runner<'_> {
         // must wait) backs off instead of spinning.
         let mut idle = std::time::Duration::from_millis(5);
         loop {
-            let s = self.step(&[p]).await?;
-            progress(s.rebuilt);
-            if let Some(v) = s.switched_to {
-                return Ok(v);
-            }
-            if s.rebuilt > 0 {
-                idle = std::time::Duration::from_millis(5);
-                continue;
-            }
             let e = self.entry(p.name()).await?;
-            if e.building_table.as_deref() == Some(table) {
-                tokio::time::sleep(idle).await;
-                idle = (idle * 2).min(std::time::Duration::from_millis(250));
-            } else if e.active_table == table {
+            if e.active_table == table {
                 return Ok(e.version);
-            } else {
+            }
+            if e.building_table.as_deref() != Some(table) {
                 return Err(ProjectionError::RebuildReplaced {
                     name: p.name().to_string(),
                     table: table.to_string(),
                 });
+            }
+            let s = self.step(&[p]).await?;
+            progress(s.rebuilt);
+            if s.rebuilt == 0 && s.switched_to.is_none() {
+                tokio::time::sleep(idle).await;
+                idle = (idle * 2).min(std::time::Duration::from_millis(250));
+            } else {
+                idle = std::time::Duration::from_millis(5);
             }
         }
     }

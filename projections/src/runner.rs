@@ -163,8 +163,12 @@ impl<'a> Runner<'a> {
         // Only the code of the version being built builds it: an older
         // runner (a rolling upgrade) keeps its serving table current and
         // leaves a newer version's rebuild alone.
+        // A rebuild older than the serving version (left by an older
+        // binary) is never carried on: its switch would serve an older
+        // version. The newest code's `start_rebuild` replaces it.
         let builder = entry
             .building_version
+            .filter(|v| *v >= entry.version)
             .and_then(|v| versions.iter().find(|p| p.version() == v));
         if let Some(builder) = builder {
             // Read again: another runner may have switched and started a
@@ -218,6 +222,15 @@ impl<'a> Runner<'a> {
         let e = registry::lock(&mut tx, p.name())
             .await?
             .ok_or_else(|| ProjectionError::Unknown(p.name().into()))?;
+        // Older code (a rollback) would switch the view back to an older
+        // version, which newer runners then build anew.
+        if e.version > p.version() {
+            return Err(ProjectionError::OlderThanServing {
+                name: p.name().into(),
+                serving: e.version,
+                ours: p.version(),
+            });
+        }
         match (e.building_version, &e.building_table) {
             // One rebuild at a time: resume one of this version.
             (Some(v), Some(t)) if v == p.version() => return Ok(t.clone()),
@@ -225,15 +238,6 @@ impl<'a> Runner<'a> {
                 return Err(ProjectionError::NewerRebuild {
                     name: p.name().into(),
                     building: v,
-                    ours: p.version(),
-                })
-            }
-            // Older code (a rollback) would switch the view back to an
-            // older version, which newer runners then build anew.
-            _ if e.version > p.version() => {
-                return Err(ProjectionError::OlderThanServing {
-                    name: p.name().into(),
-                    serving: e.version,
                     ours: p.version(),
                 })
             }
@@ -261,7 +265,7 @@ impl<'a> Runner<'a> {
         if let Some(e) = registry::get(&mut *self.pool.acquire().await?, p.name()).await? {
             return Ok(e);
         }
-        crate::rebuild::check_name(p.name())?;
+        crate::rebuild::check_projection(p.name(), p.version())?;
         let mut tx = self.pool.begin().await?;
         // Two runners registering a new projection at once would both
         // create its table (there is no registry row to lock yet).
@@ -406,7 +410,7 @@ impl<'a> Runner<'a> {
         let Some(new_table) = e.building_table.clone() else {
             return Ok(None);
         };
-        if e.building_checkpoint() < e.checkpoint() {
+        if e.building_checkpoint() < e.checkpoint() || e.building_version < Some(e.version) {
             return Ok(None);
         }
         registry::limit_lock_wait(&mut tx, SWITCH_LOCK_WAIT).await?;
@@ -482,7 +486,7 @@ impl<'a> Runner<'a> {
                 // (a lost race or a switch that timed out moved nothing).
                 let ours_unswitched = !serves
                     && e.building_version
-                        .is_some_and(|v| versions.iter().any(|p| p.version() == v));
+                        .is_some_and(|v| v >= e.version && versions.iter().any(|p| p.version() == v));
                 if !ours_unswitched && (!serves || !self.log.behind(e.checkpoint()).await?) {
                     return Ok(total);
                 }

@@ -71,7 +71,13 @@ pub async fn run(ledger: &Ledger, action: &str, name: Option<&str>) -> Result<i3
                     .progress_chars("=> "),
             );
             bar.set_message(format!("rebuilding {name} into {table}"));
-            let v = runner.finish_rebuild(p, &table, |n| bar.inc(n as u64)).await?;
+            let v = match runner.finish_rebuild(p, &table, |n| bar.inc(n as u64)).await {
+                Ok(v) => v,
+                Err(e) => {
+                    bar.abandon();
+                    return Err(e.into());
+                }
+            };
             bar.finish_with_message(format!("{name}: switched to the rebuilt table (version {v})"));
             line(&json!({ "projection": name, "rebuilt_events": bar.position(), "switched_to": v }));
         }

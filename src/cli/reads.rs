@@ -133,6 +133,9 @@ async fn verify(ledger: &Ledger, cli: &Cli) -> Result<i32> {
                 runner.catch_up(&[&jobledger::rebuilt::JobsRebuilt]).await?;
                 runner.check_serving(&jobledger::rebuilt::JobsRebuilt).await?;
                 let problems = ledger.compare_rebuilt().await?;
+                // A newer version switched in during the comparison may
+                // have been read in part.
+                runner.check_serving(&jobledger::rebuilt::JobsRebuilt).await?;
                 for p in &problems {
                     line(&json!({ "problem": p }));
                 }
