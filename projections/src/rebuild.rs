@@ -67,7 +67,7 @@ fn looks_like_a_table(name: &str) -> bool {
 }
 
 impl Runner<'_> {
-    /// Refuses when the view serves a newer version than `p`'s code: in a
+    /// Refuses when the view serves another version than `p`'s code: in a
     /// rolling upgrade older code's `catch_up` leaves a newer version alone
     /// and returns Ok, so a caller about to read the view through `p`'s
     /// idea of its table (`verify --rebuilt`) asks this first instead of
@@ -76,6 +76,16 @@ impl Runner<'_> {
         let e = self.entry(p.name()).await?;
         if e.version > p.version() {
             return Err(ProjectionError::OlderThanServing {
+                name: p.name().to_string(),
+                serving: e.version,
+                ours: p.version(),
+            });
+        }
+        // Older than ours: `catch_up` would have built ours and switched it
+        // in, unless a newer version's build is under way (a version-skipping
+        // upgrade), which ours leaves alone.
+        if e.version < p.version() {
+            return Err(ProjectionError::NotServing {
                 name: p.name().to_string(),
                 serving: e.version,
                 ours: p.version(),
@@ -114,7 +124,7 @@ impl Runner<'_> {
                     table: table.to_string(),
                 });
             }
-            let s = self.step(&[p]).await?;
+            let s = self.step_only(&[p], Some(table)).await?;
             progress(s.rebuilt);
             if s.rebuilt == 0 && s.switched_to.is_none() {
                 tokio::time::sleep(idle).await;

@@ -107,6 +107,21 @@ pub async fn lock_name(conn: &mut PgConnection, name: &str) -> Result<(), sqlx::
     Ok(())
 }
 
+/// Whether a relation other than a view (a table, an index, a sequence)
+/// already has `name` in `jobledger_proj`: a new projection's view would
+/// fail on it. Indexes and sequences share the namespace, and PostgreSQL
+/// names them (`<table>_pkey`, `…_idx`, `…_seq`) after any projection's
+/// tables.
+pub async fn name_taken(conn: &mut PgConnection, name: &str) -> Result<bool, sqlx::Error> {
+    sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+         WHERE n.nspname = 'jobledger_proj' AND c.relname = $1 AND c.relkind <> 'v')",
+    )
+    .bind(name)
+    .fetch_one(conn)
+    .await
+}
+
 /// The entry as last committed, unlocked: what a runner reads before it
 /// decides, and checks again under `lock` before it writes. Locking it
 /// here cost each read an xid, a WAL record and, outside a transaction, a

@@ -143,6 +143,17 @@ impl<'a> Runner<'a> {
     /// matching the serving version keeps the old table current while the
     /// newest is rebuilt.
     pub async fn step(&self, versions: &[&dyn Projection]) -> Result<Step, ProjectionError> {
+        self.step_only(versions, None).await
+    }
+
+    /// `step`, carrying on only the rebuild into `only` when it is given
+    /// (`finish_rebuild`): another runner may have switched that one in and
+    /// started the next since the caller looked.
+    pub(crate) async fn step_only(
+        &self,
+        versions: &[&dyn Projection],
+        only: Option<&str>,
+    ) -> Result<Step, ProjectionError> {
         let newest = *versions
             .iter()
             .max_by_key(|p| p.version())
@@ -175,6 +186,9 @@ impl<'a> Runner<'a> {
             // new rebuild since this step read the row, and an empty read
             // from the old rebuild's checkpoint would say nothing of it.
             let now = self.entry(&name).await?;
+            if only.is_some_and(|t| now.building_table.as_deref() != Some(t)) {
+                return Ok(step);
+            }
             let built = self.advance(*builder, &now, true).await?;
             step.rebuilt = built.count();
             step.raced |= built == Advanced::Raced;
@@ -186,7 +200,8 @@ impl<'a> Runner<'a> {
                 .expect("not poisoned")
                 .is_none_or(|t| std::time::Instant::now() >= t);
             if built == Advanced::Empty && due {
-                step.switched_to = self.switch(&name).await?;
+                let table = now.building_table.as_deref().unwrap_or_default();
+                step.switched_to = self.switch(&name, table).await?;
             }
         }
         Ok(step)
@@ -272,6 +287,12 @@ impl<'a> Runner<'a> {
         registry::lock_name(&mut tx, p.name()).await?;
         if let Some(e) = registry::lock(&mut tx, p.name()).await? {
             return Ok(e);
+        }
+        if registry::name_taken(&mut tx, p.name()).await? {
+            return Err(ProjectionError::BadName {
+                name: p.name().into(),
+                reason: "a table, index or sequence of jobledger_proj has that name",
+            });
         }
         let table = table_name(p.name(), p.version());
         p.create(&mut tx, &format!("jobledger_proj.\"{table}\"")).await?;
@@ -402,12 +423,14 @@ impl<'a> Runner<'a> {
     /// the view or the old table open (a transaction that read it): the DDL
     /// waits at most `SWITCH_LOCK_WAIT` for it instead of blocking every
     /// runner behind the registry lock.
-    async fn switch(&self, name: &str) -> Result<Option<i32>, ProjectionError> {
+    async fn switch(&self, name: &str, built: &str) -> Result<Option<i32>, ProjectionError> {
         let mut tx = self.pool.begin().await?;
         let Some(e) = registry::lock(&mut tx, name).await? else {
             return Ok(None);
         };
-        let Some(new_table) = e.building_table.clone() else {
+        // Only the rebuild this step found caught up: another runner may
+        // have switched it in and started the next one meanwhile.
+        let Some(new_table) = e.building_table.clone().filter(|t| t == built) else {
             return Ok(None);
         };
         if e.building_checkpoint() < e.checkpoint() || e.building_version < Some(e.version) {

@@ -11,6 +11,7 @@ pub mod kafka;
 pub mod otlp;
 pub mod reading;
 pub mod serve;
+pub mod tagged;
 pub mod workers;
 pub mod workflows;
 
