@@ -274,9 +274,9 @@ async fn check_serving_refuses_an_older_version_too() {
     r.check_serving(&v1).await.unwrap();
 }
 
-/// Review of issue 15 (helper-46): a name already taken in the schema by an
-/// index (`tagged_v1_pkey`) or a table failed every step on a database
-/// error; it is refused as a name.
+/// Review of issue 15 (helper-46, helper-47): a name already taken in the
+/// schema by an index (`tagged_v1_pkey`), a table or a type failed every
+/// step on a database error; it is refused as a name.
 #[tokio::test]
 async fn a_name_an_index_has_is_refused() {
     let db = fresh().await;
@@ -285,7 +285,11 @@ async fn a_name_an_index_has_is_refused() {
     within("a catch-up", r.catch_up(&[&Tagged::new(1)]))
         .await
         .unwrap();
-    for name in ["tagged_v1_pkey", "registry_pkey"] {
+    sqlx::query("CREATE TYPE jobledger_proj.footype AS ENUM ('a')")
+        .execute(db.ledger.pool())
+        .await
+        .unwrap();
+    for name in ["tagged_v1_pkey", "registry_pkey", "footype"] {
         let p = Renamed(name, Tagged::new(1));
         let err = r.step(&[&p]).await.unwrap_err();
         assert!(matches!(err, ProjectionError::BadName { .. }), "{name}: {err}");

@@ -130,9 +130,10 @@ pub enum ProjectionError {
     /// switch the view back to an older table) or to read it.
     #[error("projection {name}: version {serving} serves, newer than this code's version {ours}; use the newer jobledger")]
     OlderThanServing { name: String, serving: i32, ours: i32 },
-    /// After `catch_up`, an older version than this code's still serves:
-    /// a newer version's rebuild is under way, which this code leaves alone.
-    #[error("projection {name}: version {serving} serves, not this code's version {ours} (a newer version's rebuild is under way; see projections status)")]
+    /// An older version than this code's still serves: this code's
+    /// rebuild has not switched in yet, or a newer version's rebuild is
+    /// under way, which this code leaves alone.
+    #[error("projection {name}: version {serving} serves, not this code's version {ours} (its rebuild has not switched in, or a newer version's is under way; see projections status)")]
     NotServing { name: String, serving: i32, ours: i32 },
     /// A name whose tables could be another projection's, or a version
     /// below 1 (see `rebuild::check_projection`).

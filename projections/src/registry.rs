@@ -107,15 +107,18 @@ pub async fn lock_name(conn: &mut PgConnection, name: &str) -> Result<(), sqlx::
     Ok(())
 }
 
-/// Whether a relation other than a view (a table, an index, a sequence)
-/// already has `name` in `jobledger_proj`: a new projection's view would
-/// fail on it. Indexes and sequences share the namespace, and PostgreSQL
-/// names them (`<table>_pkey`, `…_idx`, `…_seq`) after any projection's
-/// tables.
+/// Whether a relation other than a view (a table, an index, a sequence),
+/// or a type that is no relation's (an enum, a domain), already has `name`
+/// in `jobledger_proj`: a new projection's view, and the row type it comes
+/// with, would fail on it. Indexes and sequences share the namespace, and
+/// PostgreSQL names them (`<table>_pkey`, `…_idx`, `…_seq`) after any
+/// projection's tables.
 pub async fn name_taken(conn: &mut PgConnection, name: &str) -> Result<bool, sqlx::Error> {
     sqlx::query_scalar(
         "SELECT EXISTS (SELECT 1 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
-         WHERE n.nspname = 'jobledger_proj' AND c.relname = $1 AND c.relkind <> 'v')",
+                        WHERE n.nspname = 'jobledger_proj' AND c.relname = $1 AND c.relkind <> 'v') \
+             OR EXISTS (SELECT 1 FROM pg_type t JOIN pg_namespace n ON n.oid = t.typnamespace \
+                        WHERE n.nspname = 'jobledger_proj' AND t.typname = $1 AND t.typrelid = 0)",
     )
     .bind(name)
     .fetch_one(conn)

@@ -291,7 +291,7 @@ impl<'a> Runner<'a> {
         if registry::name_taken(&mut tx, p.name()).await? {
             return Err(ProjectionError::BadName {
                 name: p.name().into(),
-                reason: "a table, index or sequence of jobledger_proj has that name",
+                reason: "a table, index, sequence or type of jobledger_proj has that name",
             });
         }
         let table = table_name(p.name(), p.version());
