@@ -226,6 +226,15 @@ async fn batch_replay_and_the_status_reads() {
         qs["rebuild_table"].is_null(),
         "the service finished and switched: {qs}"
     );
+    // A newer version serves (a rolling upgrade, this server not yet
+    // replaced): a conflict with a reason, not a server error.
+    sqlx::query("UPDATE jobledger_proj.registry SET version = 99 WHERE name = 'queue_stats'")
+        .execute(db.ledger.pool())
+        .await
+        .unwrap();
+    let (st, v) = post(&s, "/v1/projections/queue_stats/rebuild", &root, json!({})).await;
+    assert_eq!(st, 409, "{v}");
+    assert!(v.to_string().contains("version 99 serves"), "{v}");
     let (st, v) = call("GET", &format!("{}/v1/readers", s.base), Some(&olga), None).await;
     assert_eq!(st, 200, "{v}");
     assert!(v["readers"].is_array());

@@ -18,6 +18,13 @@ fn internal(e: anyhow::Error) -> ApiError {
     if let Some(b) = e.downcast_ref::<crate::cli::output::BadInput>() {
         return ApiError::new(StatusCode::BAD_REQUEST, b.0.clone());
     }
+    // A rebuild this server's code may not start now (a newer version's is
+    // under way, or a newer version serves): the projection's state, not
+    // the server's failure.
+    use jobledger_projections::ProjectionError as P;
+    if let Some(p @ (P::NewerRebuild { .. } | P::OlderThanServing { .. })) = e.downcast_ref::<P>() {
+        return ApiError::new(StatusCode::CONFLICT, p.to_string());
+    }
     match e.downcast::<LedgerError>() {
         Ok(l) => l.into(),
         Err(e) => {
@@ -85,7 +92,8 @@ pub async fn projections(State(app): State<App>, auth: Authed) -> ApiResult<Json
 #[utoipa::path(post, path = "/v1/projections/{name}/rebuild", tag = "status",
     params(("name" = String, Path, description = "job_timeline, queue_stats, jobs_rebuilt or workflows")),
     responses((status = 202, body = serde_json::Value), (status = 400, body = ErrorBody),
-        (status = 401, body = ErrorBody), (status = 403, body = ErrorBody)),
+        (status = 401, body = ErrorBody), (status = 403, body = ErrorBody),
+        (status = 409, description = "a newer version serves, or its rebuild is under way", body = ErrorBody)),
     security(("bearer" = [])))]
 pub async fn rebuild(State(app): State<App>, auth: Authed, Path(name): Path<String>) -> ApiResult<Response> {
     auth.may(Action::Administer)?;
