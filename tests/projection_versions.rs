@@ -97,7 +97,9 @@ async fn older_code_does_not_rebuild_over_a_newer_version() {
 /// Review of issue 15: `projections rebuild` stepped until its own step
 /// switched the table in, so when the `projections run` service switched
 /// it in first it looped for good. A rebuild switched in by another runner
-/// is finished; one a newer version's build replaced says so.
+/// is finished, also when the next rebuild has begun, which it leaves alone
+/// (helper-45: it built that one to the end and reported it as its own);
+/// one a newer version's build replaced says so.
 #[tokio::test]
 async fn a_rebuild_another_runner_switches_in_or_replaces_ends() {
     let db = fresh().await;
@@ -109,6 +111,7 @@ async fn a_rebuild_another_runner_switches_in_or_replaces_ends() {
     let table = ours.start_rebuild(&v1).await.unwrap();
     let s = within("the service", service.catch_up(&[&v1])).await.unwrap();
     assert_eq!(s.switched_to, Some(1));
+    let next = another_rebuild(&service, &v1, &table).await;
     let mut rebuilt = 0;
     let v = within(
         "the rebuild's end",
@@ -116,8 +119,10 @@ async fn a_rebuild_another_runner_switches_in_or_replaces_ends() {
     )
     .await;
     assert_eq!((v.unwrap(), rebuilt), (1, 0), "switched in by the service");
+    next_untouched(&db, &table, &next).await;
 
     let table = ours.start_rebuild(&v1).await.unwrap();
+    assert_eq!(table, next, "the rebuild under way is resumed");
     assert!(
         service.step(&[&v1, &v2]).await.unwrap().rebuilt > 0,
         "v2's build replaced it"
@@ -130,6 +135,27 @@ async fn a_rebuild_another_runner_switches_in_or_replaces_ends() {
     let s = within("a catch-up", ours.catch_up(&[&v1, &v2])).await.unwrap();
     assert_eq!(s.switched_to, Some(2));
     assert_eq!(tagged(&db).await, (6, 0, 2));
+}
+
+/// A new rebuild of `p` by `r`, once its table's name (the millisecond it
+/// starts in) is not `than`'s, which serves.
+async fn another_rebuild(r: &Runner<'_>, p: &dyn Projection, than: &str) -> String {
+    loop {
+        match r.start_rebuild(p).await {
+            Ok(t) if t != than => return t,
+            _ => tokio::task::yield_now().await,
+        }
+    }
+}
+
+/// `table` serves and `next` is being built, not stepped yet.
+async fn next_untouched(db: &common::TestDb, table: &str, next: &str) {
+    let e = registry::entries(db.ledger.pool()).await.unwrap().remove(0);
+    assert_eq!(
+        (e.active_table.as_str(), e.building_table.as_deref()),
+        (table, Some(next))
+    );
+    assert_eq!(e.b_position, 0, "the next rebuild was not stepped");
 }
 
 /// Review of issue 15 (helper-45): a rebuild of an older version than the
@@ -167,40 +193,6 @@ async fn a_rebuild_older_than_the_serving_version_is_never_switched_in() {
     assert_eq!(tagged(&db).await, (6, 0, 2));
 }
 
-/// Review of issue 15 (helper-45): `finish_rebuild` trusted any step's
-/// progress and switch, so once the service had switched its table in and
-/// someone started another rebuild, it built that one to the end and
-/// reported it as its own. It ends as soon as its own table serves.
-#[tokio::test]
-async fn finishing_a_rebuild_leaves_the_next_one_alone() {
-    let db = fresh().await;
-    let reader = six_jobs(&db).await;
-    let v1 = Tagged::new(1);
-    let ours = Runner::new(db.ledger.pool().clone(), &reader, 2).await.unwrap();
-    let service = Runner::new(db.ledger.pool().clone(), &reader, 2).await.unwrap();
-    within("a catch-up", ours.catch_up(&[&v1])).await.unwrap();
-    let table = ours.start_rebuild(&v1).await.unwrap();
-    let s = within("the service", service.catch_up(&[&v1])).await.unwrap();
-    assert_eq!(s.switched_to, Some(1));
-    let next = loop {
-        // A rebuild's table is named by the millisecond it starts in.
-        match service.start_rebuild(&v1).await {
-            Ok(t) if t != table => break t,
-            _ => tokio::task::yield_now().await,
-        }
-    };
-    let mut rebuilt = 0;
-    let v = within(
-        "the rebuild's end",
-        ours.finish_rebuild(&v1, &table, |n| rebuilt += n),
-    )
-    .await;
-    assert_eq!((v.unwrap(), rebuilt), (1, 0));
-    let e = registry::entries(db.ledger.pool()).await.unwrap().remove(0);
-    assert_eq!((e.active_table, e.building_table), (table, Some(next)));
-    assert_eq!(e.b_position, 0, "the next rebuild was not stepped");
-}
-
 /// Review of issue 15 (helper-46): between `finish_rebuild`'s look at the
 /// registry and its step's, another runner switched its table in and
 /// started the next rebuild; the step carried that one on and counted it
@@ -225,21 +217,14 @@ async fn a_step_for_one_rebuild_leaves_the_next_alone() {
         gate.wait_held().await; // our step holds the serving table's batch
         let s = within("the service", service.catch_up(&[&v1])).await.unwrap();
         assert_eq!(s.switched_to, Some(1));
-        let next = loop {
-            match service.start_rebuild(&v1).await {
-                Ok(t) if t != table => break t,
-                _ => tokio::task::yield_now().await,
-            }
-        };
+        let next = another_rebuild(&service, &v1, &table).await;
         gate.release().await;
         next
     };
     let (v, next) = tokio::join!(within("the rebuild's end", finish), meanwhile);
     assert_eq!(v.unwrap(), 1);
     assert_eq!(rebuilt, 0, "no progress of another rebuild");
-    let e = registry::entries(db.ledger.pool()).await.unwrap().remove(0);
-    assert_eq!((e.active_table, e.building_table), (table, Some(next)));
-    assert_eq!(e.b_position, 0, "the next rebuild was not stepped");
+    next_untouched(&db, &table, &next).await;
 }
 
 /// Review of issue 15 (helper-46): `check_serving` refused only a newer

@@ -1,7 +1,7 @@
 //! What a rebuild needs besides the runner's step: which projection names
 //! can have tables at all, and driving one rebuild until its table serves.
 
-use crate::runner::Runner;
+use crate::runner::{not_older_than_serving, Backoff, Runner};
 use crate::{Projection, ProjectionError};
 
 /// The longest projection name. A name's tables are `<name>_v<version>`,
@@ -18,9 +18,10 @@ pub const MAX_NAME: usize = 30;
 /// projection named `x_v2_` (tables `x_v2__v1`, …) would lose its table to
 /// the first one's switch. Nor may it look like a table name itself
 /// (`x_v2`, `x_v2_r123`): its view `jobledger_proj.<name>` shares their
-/// namespace, and `x` could then never build its version 2. `registry` is
-/// the runner's own table. A version is at least 1 (a sign would pass the
-/// 63-byte budget).
+/// namespace, and `x` could then never build its version 2. (A name some
+/// other relation of the schema has, such as the `registry` table or an
+/// index, is refused by `Runner::ensure`, which looks.) A version is at
+/// least 1 (a sign would pass the 63-byte budget).
 pub fn check_projection(name: &str, version: i32) -> Result<(), ProjectionError> {
     let bad = |reason: &'static str| {
         Err(ProjectionError::BadName {
@@ -43,10 +44,8 @@ pub fn check_projection(name: &str, version: i32) -> Result<(), ProjectionError>
     if name.contains("__") || name.ends_with('_') {
         return bad("it may not hold two underscores in a row or end with one (side tables are <table>__*)");
     }
-    if looks_like_a_table(name) || name == "registry" {
-        return bad(
-            "it is, or could be, the name of a projection's table (<name>_v<N>, <name>_v<N>_r<M>, registry)",
-        );
+    if looks_like_a_table(name) {
+        return bad("it is, or could be, the name of a projection's table (<name>_v<N>, <name>_v<N>_r<M>)");
     }
     if version < 1 {
         return bad("its version must be at least 1");
@@ -74,13 +73,7 @@ impl Runner<'_> {
     /// misreading a table of another shape.
     pub async fn check_serving(&self, p: &dyn Projection) -> Result<(), ProjectionError> {
         let e = self.entry(p.name()).await?;
-        if e.version > p.version() {
-            return Err(ProjectionError::OlderThanServing {
-                name: p.name().to_string(),
-                serving: e.version,
-                ours: p.version(),
-            });
-        }
+        not_older_than_serving(&e, p)?;
         // Older than ours: `catch_up` would have built ours and switched it
         // in, unless a newer version's build is under way (a version-skipping
         // upgrade), which ours leaves alone.
@@ -112,7 +105,7 @@ impl Runner<'_> {
     ) -> Result<i32, ProjectionError> {
         // A step that moved nothing (the horizon is held, or the switch
         // must wait) backs off instead of spinning.
-        let mut idle = std::time::Duration::from_millis(5);
+        let mut idle = Backoff::new();
         loop {
             let e = self.entry(p.name()).await?;
             if e.active_table == table {
@@ -127,10 +120,9 @@ impl Runner<'_> {
             let s = self.step_only(&[p], Some(table)).await?;
             progress(s.rebuilt);
             if s.rebuilt == 0 && s.switched_to.is_none() {
-                tokio::time::sleep(idle).await;
-                idle = (idle * 2).min(std::time::Duration::from_millis(250));
+                idle.wait().await;
             } else {
-                idle = std::time::Duration::from_millis(5);
+                idle.reset();
             }
         }
     }

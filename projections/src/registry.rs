@@ -63,6 +63,13 @@ impl Entry {
             position: self.b_position,
         }
     }
+    /// The version being rebuilt, unless it is older than the one serving:
+    /// such a rebuild (an older binary's) is never carried on nor switched
+    /// in, which would serve an older version again; the serving version's
+    /// `start_rebuild` replaces it.
+    pub fn live_building_version(&self) -> Option<i32> {
+        self.building_version.filter(|v| *v >= self.version)
+    }
     /// The serving table (or, `building`, the one being rebuilt): its
     /// checkpoint, name and version. None: no rebuild.
     pub fn target(&self, building: bool) -> Option<(Checkpoint, &str, i32)> {

@@ -109,6 +109,40 @@ async fn build_into(
     Ok(())
 }
 
+/// Refuses `p`'s code when a newer version serves: it may neither rebuild
+/// the projection (the switch would serve an older version again) nor read
+/// the view as its own.
+pub(crate) fn not_older_than_serving(e: &Entry, p: &dyn Projection) -> Result<(), ProjectionError> {
+    if e.version > p.version() {
+        return Err(ProjectionError::OlderThanServing {
+            name: p.name().into(),
+            serving: e.version,
+            ours: p.version(),
+        });
+    }
+    Ok(())
+}
+
+/// Waits between tries that moved nothing: 5 ms, doubling up to 250 ms,
+/// and back to 5 ms after a try that moved something.
+pub(crate) struct Backoff(std::time::Duration);
+
+impl Backoff {
+    const FIRST: std::time::Duration = std::time::Duration::from_millis(5);
+    const MOST: std::time::Duration = std::time::Duration::from_millis(250);
+
+    pub(crate) fn new() -> Self {
+        Backoff(Self::FIRST)
+    }
+    pub(crate) async fn wait(&mut self) {
+        tokio::time::sleep(self.0).await;
+        self.0 = (self.0 * 2).min(Self::MOST);
+    }
+    pub(crate) fn reset(&mut self) {
+        self.0 = Self::FIRST;
+    }
+}
+
 fn serves(versions: &[&dyn Projection], e: &Entry) -> bool {
     versions.iter().any(|p| p.version() == e.version)
 }
@@ -174,12 +208,8 @@ impl<'a> Runner<'a> {
         // Only the code of the version being built builds it: an older
         // runner (a rolling upgrade) keeps its serving table current and
         // leaves a newer version's rebuild alone.
-        // A rebuild older than the serving version (left by an older
-        // binary) is never carried on: its switch would serve an older
-        // version. The newest code's `start_rebuild` replaces it.
         let builder = entry
-            .building_version
-            .filter(|v| *v >= entry.version)
+            .live_building_version()
             .and_then(|v| versions.iter().find(|p| p.version() == v));
         if let Some(builder) = builder {
             // Read again: another runner may have switched and started a
@@ -239,13 +269,7 @@ impl<'a> Runner<'a> {
             .ok_or_else(|| ProjectionError::Unknown(p.name().into()))?;
         // Older code (a rollback) would switch the view back to an older
         // version, which newer runners then build anew.
-        if e.version > p.version() {
-            return Err(ProjectionError::OlderThanServing {
-                name: p.name().into(),
-                serving: e.version,
-                ours: p.version(),
-            });
-        }
+        not_older_than_serving(&e, p)?;
         match (e.building_version, &e.building_table) {
             // One rebuild at a time: resume one of this version.
             (Some(v), Some(t)) if v == p.version() => return Ok(t.clone()),
@@ -433,7 +457,7 @@ impl<'a> Runner<'a> {
         let Some(new_table) = e.building_table.clone().filter(|t| t == built) else {
             return Ok(None);
         };
-        if e.building_checkpoint() < e.checkpoint() || e.building_version < Some(e.version) {
+        if e.building_checkpoint() < e.checkpoint() || e.live_building_version().is_none() {
             return Ok(None);
         }
         registry::limit_lock_wait(&mut tx, SWITCH_LOCK_WAIT).await?;
@@ -471,7 +495,7 @@ impl<'a> Runner<'a> {
     /// without it (`switched_to` is `None`).
     pub async fn catch_up(&self, versions: &[&dyn Projection]) -> Result<Step, ProjectionError> {
         let mut total = Step::default();
-        let mut idle = std::time::Duration::from_millis(5);
+        let mut idle = Backoff::new();
         let mut moved = std::time::Instant::now();
         // Progress is the registry's checkpoints moving, also by another
         // runner that keeps winning the race for the same batches.
@@ -508,8 +532,8 @@ impl<'a> Runner<'a> {
                 // switched in: until then the view serves the old version
                 // (a lost race or a switch that timed out moved nothing).
                 let ours_unswitched = !serves
-                    && e.building_version
-                        .is_some_and(|v| v >= e.version && versions.iter().any(|p| p.version() == v));
+                    && e.live_building_version()
+                        .is_some_and(|v| versions.iter().any(|p| p.version() == v));
                 if !ours_unswitched && (!serves || !self.log.behind(e.checkpoint()).await?) {
                     return Ok(total);
                 }
@@ -524,10 +548,9 @@ impl<'a> Runner<'a> {
                         waited: moved.elapsed(),
                     });
                 }
-                tokio::time::sleep(idle).await;
-                idle = (idle * 2).min(std::time::Duration::from_millis(250));
+                idle.wait().await;
             } else {
-                idle = std::time::Duration::from_millis(5);
+                idle.reset();
                 moved = std::time::Instant::now();
             }
         }
