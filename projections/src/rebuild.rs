@@ -1,7 +1,8 @@
 //! What a rebuild needs besides the runner's step: which projection names
 //! can have tables at all, and driving one rebuild until its table serves.
 
-use crate::runner::{not_older_than_serving, Backoff, Runner};
+use crate::registry::Entry;
+use crate::runner::{Backoff, Runner};
 use crate::{Projection, ProjectionError};
 
 /// The longest projection name. A name's tables are `<name>_v<version>`,
@@ -49,6 +50,20 @@ pub fn check_projection(name: &str, version: i32) -> Result<(), ProjectionError>
     }
     if version < 1 {
         return bad("its version must be at least 1");
+    }
+    Ok(())
+}
+
+/// Refuses `p`'s code when a newer version serves: it may neither rebuild
+/// the projection (the switch would serve an older version again) nor read
+/// the view as its own.
+pub(crate) fn not_older_than_serving(e: &Entry, p: &dyn Projection) -> Result<(), ProjectionError> {
+    if e.version > p.version() {
+        return Err(ProjectionError::OlderThanServing {
+            name: p.name().into(),
+            serving: e.version,
+            ours: p.version(),
+        });
     }
     Ok(())
 }

@@ -109,20 +109,6 @@ async fn build_into(
     Ok(())
 }
 
-/// Refuses `p`'s code when a newer version serves: it may neither rebuild
-/// the projection (the switch would serve an older version again) nor read
-/// the view as its own.
-pub(crate) fn not_older_than_serving(e: &Entry, p: &dyn Projection) -> Result<(), ProjectionError> {
-    if e.version > p.version() {
-        return Err(ProjectionError::OlderThanServing {
-            name: p.name().into(),
-            serving: e.version,
-            ours: p.version(),
-        });
-    }
-    Ok(())
-}
-
 /// Waits between tries that moved nothing: 5 ms, doubling up to 250 ms,
 /// and back to 5 ms after a try that moved something.
 pub(crate) struct Backoff(std::time::Duration);
@@ -269,7 +255,7 @@ impl<'a> Runner<'a> {
             .ok_or_else(|| ProjectionError::Unknown(p.name().into()))?;
         // Older code (a rollback) would switch the view back to an older
         // version, which newer runners then build anew.
-        not_older_than_serving(&e, p)?;
+        crate::rebuild::not_older_than_serving(&e, p)?;
         match (e.building_version, &e.building_table) {
             // One rebuild at a time: resume one of this version.
             (Some(v), Some(t)) if v == p.version() => return Ok(t.clone()),
