@@ -39,14 +39,15 @@ async fn keys(db: &TestDb, prefix: &str) -> Vec<String> {
 async fn a_slot_fires_once_with_two_schedulers_racing() {
     let db = fresh().await;
     let l = &db.ledger;
-    l.create_schedule(
-        "minutely",
-        &spec("* * * * *", "UTC", Missed::Skip, 0),
-        "ops",
-        "reports",
-    )
-    .await
-    .unwrap();
+    let created = l
+        .create_schedule(
+            "minutely",
+            &spec("* * * * *", "UTC", Missed::Skip, 0),
+            "ops",
+            "reports",
+        )
+        .await
+        .unwrap();
     let lease = Duration::from_secs(30);
     let old = l.acquire_scheduler_lease("node-a", lease).await.unwrap().unwrap();
     assert_eq!(
@@ -59,7 +60,14 @@ async fn a_slot_fires_once_with_two_schedulers_racing() {
     let new = l.acquire_scheduler_lease("node-a", lease).await.unwrap().unwrap();
     assert!(new > old);
     let start = Arc::new(Barrier::new(3));
-    let step = Skew::seconds(61);
+    // A second past the next slot by the database clock: a fixed 61 s made
+    // two slots due (one skipped) when the test began in a minute's last
+    // second, as it once did in the suite.
+    let now: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("SELECT clock_timestamp()")
+        .fetch_one(l.pool())
+        .await
+        .unwrap();
+    let step = created.next_slot.unwrap() - now + Skew::seconds(1);
     let mut tasks = vec![];
     for token in [old, new, new] {
         let (l, start) = (l.clone(), start.clone());
@@ -81,7 +89,14 @@ async fn a_slot_fires_once_with_two_schedulers_racing() {
     // back neither; a minute later the next slot fires.
     assert!(l.fire_due(new, step).await.unwrap().fired.is_empty());
     assert!(l.fire_due(new, Skew::hours(-3)).await.unwrap().fired.is_empty());
-    assert_eq!(l.fire_due(new, Skew::seconds(121)).await.unwrap().fired.len(), 1);
+    assert_eq!(
+        l.fire_due(new, step + Skew::seconds(60))
+            .await
+            .unwrap()
+            .fired
+            .len(),
+        1
+    );
     assert!(l.fire_due(new, Skew::zero()).await.unwrap().fired.is_empty());
     let k = keys(&db, "minutely").await;
     assert_eq!(k.len(), 2, "{k:?}");
