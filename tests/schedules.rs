@@ -143,8 +143,11 @@ async fn missed_slots_follow_the_policy_after_an_outage() {
         4,
         "the latest three missed, and the on-time one"
     );
-    // Every due slot is fired or recorded as skipped: 3 x due - 7 skipped.
-    assert!(f.fired.len() == 7 && [23, 26].contains(&f.skipped), "{f:?}");
+    // Every due slot is fired or recorded as skipped: (due, summed over the
+    // three) - 7 skipped, each schedule having ten or eleven due. Each reads
+    // the clock in its own transaction, so a minute can turn between them:
+    // any sum from 30 to 33, not only 30 or 33.
+    assert!(f.fired.len() == 7 && (23..=26).contains(&f.skipped), "{f:?}");
     for name in ["skip", "once", "all"] {
         let h = l.schedule_history(name).await.unwrap();
         let skipped = h.iter().find(|e| e.action.as_str() == "skipped").unwrap();
@@ -305,7 +308,13 @@ async fn the_cli_manages_schedules_and_verify_catches_an_edited_stream() {
     ])
     .json();
     assert_eq!(out["name"], "nightly");
-    assert!(out["next_slot"].as_str().unwrap().ends_with(":00:00.000000Z") || out["next_slot"].is_string());
+    // 03:00 in Berlin is 01:00 UTC in summer (CEST) and 02:00 in winter
+    // (CET). The check it replaces could not fail: it also passed any string.
+    let next = out["next_slot"].as_str().unwrap();
+    assert!(
+        ["T01:00:00Z", "T02:00:00Z"].iter().any(|t| next.ends_with(t)),
+        "{next}"
+    );
     let bad = jl(&[
         "schedule",
         "create",

@@ -156,11 +156,15 @@ async fn the_relays_keys_read_off_an_enqueued_event_equal_the_jobs_own() {
     // transaction holds the horizon: read to the end.
     let mut both = vec![];
     for raw in [false, true] {
-        let (events, _) = if raw {
+        let (mut events, _) = if raw {
             drain_raw(&reader, Checkpoint::default(), 100).await
         } else {
             drain(&reader, Checkpoint::default(), 100).await
         };
+        // Compared event by event below: drained batches are each sorted on
+        // their own and may hand a version out twice, so order them as one.
+        events.sort_by_key(|e| (e.job_id(), e.version()));
+        events.dedup_by_key(|e| (e.job_id(), e.version()));
         assert_eq!(
             events.iter().filter(|e| e.raw_data.is_some()).count(),
             if raw { events.len() } else { 0 },
