@@ -308,8 +308,11 @@ async fn write_jobs(
         rows.version.push(job.version);
         rows.created_at.push(job.created_at);
     }
+    // Unnested in the select list, which streams: `FROM UNNEST` first
+    // materialises the batch (see `jobs_rebuilt`'s writer).
     let insert = format!(
-        "INSERT INTO {} SELECT * FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::int8[], $5::timestamptz[])",
+        "INSERT INTO {} SELECT unnest($1::uuid[]), unnest($2::text[]), unnest($3::text[]), unnest($4::int8[]), \
+         unnest($5::timestamptz[])",
         side(table)
     );
     // The stored ones through an upsert, not `UPDATE … FROM UNNEST`: planned

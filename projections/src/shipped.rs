@@ -49,9 +49,12 @@ impl Projection for JobTimeline {
         events: &'a [Event],
     ) -> BoxFuture<'a, Result<(), sqlx::Error>> {
         Box::pin(async move {
+            // Unnested in the select list, which streams: `FROM UNNEST` first
+            // materialises the batch (see `jobs_rebuilt`'s writer).
             let insert = format!(
-                "INSERT INTO {table} SELECT * FROM UNNEST($1::uuid[], $2::int8[], $3::int8[], $4::timestamptz[], \
-                 $5::text[], $6::text[], $7::text[], $8::text[], $9::text[], $10::int8[])"
+                "INSERT INTO {table} SELECT unnest($1::uuid[]), unnest($2::int8[]), unnest($3::int8[]), \
+                 unnest($4::timestamptz[]), unnest($5::text[]), unnest($6::text[]), unnest($7::text[]), \
+                 unnest($8::text[]), unnest($9::text[]), unnest($10::int8[])"
             );
             let fallback = format!("{insert} ON CONFLICT DO NOTHING");
             crate::insert_plainly(tx, &insert, &fallback, timeline_rows(events)?).await
