@@ -232,12 +232,7 @@ async fn write(
     for f in moved {
         if f.stored { &mut old } else { &mut new }.push(f);
     }
-    // The arrays unnested in the select list, not `FROM UNNEST(…)`: a
-    // function in FROM is materialised first, and a batch's documents (about
-    // 8.6 MB for 10,000 events) spilled to a temporary file on every
-    // statement (`log_temp_files`); a select-list `unnest` streams its rows.
-    let rows =
-        "unnest($1::uuid[]), unnest($2::text[]), unnest($3::int8[]), unnest($4::bool[]), unnest($5::text[])";
+    let rows = jobledger_projections::unnested(&["uuid", "text", "int8", "bool", "text"]);
     if !old.id.is_empty() {
         sqlx::query_with(
             &format!(

@@ -27,6 +27,14 @@ fn spec(cron: &str, tz: &str, missed: Missed, n: u32) -> ScheduleSpec {
     }
 }
 
+/// The database clock, which the scheduler fires by.
+async fn db_clock(db: &TestDb) -> chrono::DateTime<chrono::Utc> {
+    sqlx::query_scalar("SELECT clock_timestamp()")
+        .fetch_one(db.ledger.pool())
+        .await
+        .unwrap()
+}
+
 async fn keys(db: &TestDb, prefix: &str) -> Vec<String> {
     sqlx::query_scalar("SELECT job_key FROM jobledger.jobs WHERE job_key LIKE $1 ORDER BY job_key")
         .bind(format!("schedule:{prefix}:%"))
@@ -63,10 +71,7 @@ async fn a_slot_fires_once_with_two_schedulers_racing() {
     // A second past the next slot by the database clock: a fixed 61 s made
     // two slots due (one skipped) when the test began in a minute's last
     // second, as it once did in the suite.
-    let now: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("SELECT clock_timestamp()")
-        .fetch_one(l.pool())
-        .await
-        .unwrap();
+    let now = db_clock(&db).await;
     let step = created.next_slot.unwrap() - now + Skew::seconds(1);
     let mut tasks = vec![];
     for token in [old, new, new] {
@@ -220,10 +225,7 @@ async fn daylight_saving_days_fire_as_documented() {
         .await
         .unwrap()
         .unwrap();
-    let now: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("SELECT clock_timestamp()")
-        .fetch_one(l.pool())
-        .await
-        .unwrap();
+    let now = db_clock(&db).await;
     let (spring_day, fall_day) = next_dst_year(now.date_naive());
     let day = |d: chrono::NaiveDate, n: i64| d + chrono::Duration::days(n);
     let end = day(fall_day, 2).and_hms_opt(0, 0, 0).unwrap().and_utc();

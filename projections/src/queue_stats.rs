@@ -308,12 +308,10 @@ async fn write_jobs(
         rows.version.push(job.version);
         rows.created_at.push(job.created_at);
     }
-    // Unnested in the select list, which streams: `FROM UNNEST` first
-    // materialises the batch (see `jobs_rebuilt`'s writer).
     let insert = format!(
-        "INSERT INTO {} SELECT unnest($1::uuid[]), unnest($2::text[]), unnest($3::text[]), unnest($4::int8[]), \
-         unnest($5::timestamptz[])",
-        side(table)
+        "INSERT INTO {} SELECT {}",
+        side(table),
+        crate::unnested(&["uuid", "text", "text", "int8", "timestamptz"])
     );
     // The stored ones through an upsert, not `UPDATE … FROM UNNEST`: planned
     // for the array at hand (the first five times a statement runs, and

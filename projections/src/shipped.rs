@@ -49,13 +49,19 @@ impl Projection for JobTimeline {
         events: &'a [Event],
     ) -> BoxFuture<'a, Result<(), sqlx::Error>> {
         Box::pin(async move {
-            // Unnested in the select list, which streams: `FROM UNNEST` first
-            // materialises the batch (see `jobs_rebuilt`'s writer).
-            let insert = format!(
-                "INSERT INTO {table} SELECT unnest($1::uuid[]), unnest($2::int8[]), unnest($3::int8[]), \
-                 unnest($4::timestamptz[]), unnest($5::text[]), unnest($6::text[]), unnest($7::text[]), \
-                 unnest($8::text[]), unnest($9::text[]), unnest($10::int8[])"
-            );
+            let rows = crate::unnested(&[
+                "uuid",
+                "int8",
+                "int8",
+                "timestamptz",
+                "text",
+                "text",
+                "text",
+                "text",
+                "text",
+                "int8",
+            ]);
+            let insert = format!("INSERT INTO {table} SELECT {rows}");
             let fallback = format!("{insert} ON CONFLICT DO NOTHING");
             crate::insert_plainly(tx, &insert, &fallback, timeline_rows(events)?).await
         })
