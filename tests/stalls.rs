@@ -87,3 +87,49 @@ async fn a_reader_holding_the_view_delays_the_switch_without_hanging() {
     .await;
     assert_eq!(switched, 1);
 }
+
+/// `projections rebuild` (`Runner::finish_rebuild`) gives up like
+/// `catch_up` when nothing moves for the runner's patience, here a session
+/// keeping the view open so that every switch times out; it waited for
+/// good before (review, helper-51). Once the session is gone, it finishes.
+#[tokio::test]
+async fn a_rebuild_whose_switch_keeps_timing_out_reports_a_stall() {
+    let db = fresh().await;
+    db.enqueue(Some("v"), json!({})).await;
+    let reader = LogReader::open(db.ledger.pool().clone(), "projections")
+        .await
+        .unwrap();
+    let r = Runner::new(db.ledger.pool().clone(), &reader, 10)
+        .await
+        .unwrap()
+        .with_patience(std::time::Duration::from_millis(300));
+    within("a catch-up", r.catch_up(&[&JobTimeline])).await.unwrap();
+    let table = r.start_rebuild(&JobTimeline).await.unwrap();
+    let mut viewer = db.ledger.pool().begin().await.unwrap();
+    sqlx::query("SELECT count(*) FROM jobledger_proj.job_timeline")
+        .execute(&mut *viewer)
+        .await
+        .unwrap();
+    let held = within(
+        "a rebuild beside a reader",
+        r.finish_rebuild(&JobTimeline, &table, |_| {}),
+    )
+    .await;
+    match held {
+        Err(jobledger_projections::ProjectionError::Stalled { name, waited }) => {
+            assert_eq!(name, "job_timeline");
+            assert!(waited >= std::time::Duration::from_millis(300), "{waited:?}");
+        }
+        other => panic!("a switch that keeps timing out is a stall, got {other:?}"),
+    }
+    viewer.rollback().await.unwrap();
+    // A runner without the first one's pause before its next switch.
+    let r2 = Runner::new(db.ledger.pool().clone(), &reader, 10).await.unwrap();
+    let v = within(
+        "the rebuild after the reader left",
+        r2.finish_rebuild(&JobTimeline, &table, |_| {}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(v, 1);
+}

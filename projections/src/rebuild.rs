@@ -111,7 +111,10 @@ impl Runner<'_> {
     /// one for long: once `table` is neither being built nor serving (a
     /// newer version's build replaced it, or it served and a later rebuild
     /// followed it between two looks) this ends in
-    /// `ProjectionError::RebuildReplaced`.
+    /// `ProjectionError::RebuildReplaced`. Like `catch_up`, it gives up
+    /// with `ProjectionError::Stalled` after the runner's patience without
+    /// a step that moved anything (an open transaction holds the horizon,
+    /// or the switch keeps timing out), instead of waiting for good.
     pub async fn finish_rebuild(
         &self,
         p: &dyn Projection,
@@ -121,6 +124,7 @@ impl Runner<'_> {
         // A step that moved nothing (the horizon is held, or the switch
         // must wait) backs off instead of spinning.
         let mut idle = Backoff::new();
+        let mut moved = std::time::Instant::now();
         loop {
             let e = self.entry(p.name()).await?;
             if e.active_table == table {
@@ -134,10 +138,17 @@ impl Runner<'_> {
             }
             let s = self.step_only(&[p], Some(table)).await?;
             progress(s.rebuilt);
-            if s.rebuilt == 0 && s.switched_to.is_none() {
+            if s.rebuilt == 0 && s.applied == 0 && s.switched_to.is_none() && !s.raced {
+                if moved.elapsed() >= self.patience {
+                    return Err(ProjectionError::Stalled {
+                        name: p.name().to_string(),
+                        waited: moved.elapsed(),
+                    });
+                }
                 idle.wait().await;
             } else {
                 idle.reset();
+                moved = std::time::Instant::now();
             }
         }
     }

@@ -42,7 +42,7 @@ pub struct Runner<'a> {
     pool: PgPool,
     log: &'a dyn LogSource,
     batch: i64,
-    patience: std::time::Duration,
+    pub(crate) patience: std::time::Duration,
     /// After a switch could not take its locks, the next try waits this
     /// long: each try queues an exclusive lock that new readers of the view
     /// wait behind.
