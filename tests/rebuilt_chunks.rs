@@ -1,0 +1,162 @@
+//! `jobs_rebuilt` folds a batch in chunks of whole jobs, each on a
+//! blocking thread while the chunk before it is written (issue 15). A
+//! batch of several chunks must land as small batches do: every job right,
+//! rows that do not parse left alone in whichever chunk they fall, and the
+//! whole batch in one transaction.
+
+mod common;
+
+use common::{fresh, new_job, TestDb};
+use jobledger::domain::ErrorClass;
+use jobledger::ledger::Lease;
+use serde_json::json;
+use std::time::Duration;
+use uuid::Uuid;
+
+/// Three chunks of at most 1,000 jobs (`rebuilt::CHUNK_JOBS`).
+const JOBS: usize = 2_500;
+/// One batch holds every event of the test.
+const BATCH: i64 = 10_000;
+
+async fn enqueue_all(db: &TestDb) -> Vec<Uuid> {
+    let news = (0..JOBS).map(|i| new_job("q", None, json!({ "i": i }))).collect();
+    let mut ids: Vec<Uuid> = db
+        .ledger
+        .enqueue_many_as(news, "test")
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.job.job_id)
+        .collect();
+    // The reader hands a batch out in job order: the last id is in the last chunk.
+    ids.sort();
+    ids
+}
+
+/// Cancels every seventh job (one event, so that the others' two straddle
+/// any fixed count of events), claims the rest, completes two of three of
+/// those and fails the third. Returns how many succeeded.
+async fn work_all(db: &TestDb, ids: &[Uuid]) -> i64 {
+    for id in ids.iter().step_by(7) {
+        assert!(db.ledger.cancel(*id, None).await.unwrap().committed());
+    }
+    let to_claim = JOBS - ids.len().div_ceil(7);
+    let mut leases = vec![];
+    while leases.len() < to_claim {
+        let got = db
+            .ledger
+            .claim("q", "w", Duration::from_secs(60), 500)
+            .await
+            .unwrap();
+        assert!(!got.is_empty(), "{} of {to_claim} jobs claimed", leases.len());
+        leases.extend(got);
+    }
+    let (fail, complete): (Vec<_>, Vec<_>) = leases.iter().enumerate().partition(|(i, _)| i % 3 == 0);
+    let succeeded = complete.len() as i64;
+    let items = complete
+        .into_iter()
+        .map(|(i, l)| (l, Some(json!({ "done": i }))))
+        .collect();
+    for r in Lease::complete_many(&db.ledger, items).await.unwrap() {
+        assert!(r.committed(), "{r:?}");
+    }
+    for (_, l) in fail {
+        assert!(l
+            .fail(ErrorClass::Permanent, "no", None)
+            .await
+            .unwrap()
+            .committed());
+    }
+    succeeded
+}
+
+async fn rebuilt_rows(db: &TestDb, state: &str) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM jobledger_proj.jobs_rebuilt WHERE state = $1")
+        .bind(state)
+        .fetch_one(db.ledger.pool())
+        .await
+        .unwrap()
+}
+
+/// New jobs inserted in three chunks, then read back and updated in three:
+/// every row equals the inline projection.
+#[tokio::test]
+async fn a_batch_of_several_chunks_rebuilds_every_job() {
+    let db = fresh().await;
+    let ids = enqueue_all(&db).await;
+    common::catch_up_jobs_rebuilt(&db, BATCH).await.unwrap();
+    assert_eq!(rebuilt_rows(&db, "queued").await, JOBS as i64);
+    let succeeded = work_all(&db, &ids).await;
+    common::catch_up_jobs_rebuilt(&db, BATCH).await.unwrap();
+    let problems = db.ledger.compare_rebuilt().await.unwrap();
+    assert!(problems.is_empty(), "{:?}", &problems[..problems.len().min(3)]);
+    assert_eq!(rebuilt_rows(&db, "succeeded").await, succeeded);
+    assert_eq!(
+        db.count("SELECT count(*) FROM jobledger_proj.jobs_rebuilt").await,
+        JOBS as i64
+    );
+}
+
+/// A row edited into text that does not parse, in the batch's last chunk,
+/// leaves only its own job behind; the other chunks' jobs move on.
+#[tokio::test]
+async fn an_unreadable_row_in_a_later_chunk_stops_only_its_job() {
+    let db = fresh().await;
+    let ids = enqueue_all(&db).await;
+    common::catch_up_jobs_rebuilt(&db, BATCH).await.unwrap();
+    let last = *ids.last().unwrap();
+    let table: String =
+        sqlx::query_scalar("SELECT active_table FROM jobledger_proj.registry WHERE name = 'jobs_rebuilt'")
+            .fetch_one(db.ledger.pool())
+            .await
+            .unwrap();
+    sqlx::query(&format!(
+        "UPDATE jobledger_proj.\"{table}\" SET job = 'not json' WHERE job_id = $1"
+    ))
+    .bind(last)
+    .execute(db.ledger.pool())
+    .await
+    .unwrap();
+    work_all(&db, &ids).await;
+    common::catch_up_jobs_rebuilt(&db, BATCH).await.unwrap();
+    let problems = db.ledger.compare_rebuilt().await.unwrap();
+    let named: Vec<Uuid> = problems.iter().map(|p| p.job_id).collect();
+    assert_eq!(named, vec![last], "{problems:?}");
+    assert_eq!(
+        rebuilt_rows(&db, "queued").await,
+        1,
+        "the unreadable job stays as it was"
+    );
+}
+
+/// An event of a schema newer than this build, in the batch's last chunk,
+/// fails the whole batch: the chunks written before it are rolled back with
+/// it and the checkpoint stays where it was.
+#[tokio::test]
+async fn a_newer_schema_in_the_last_chunk_lands_nothing_of_the_batch() {
+    let db = fresh().await;
+    let ids = enqueue_all(&db).await;
+    let mut conn = db.conn().await;
+    sqlx::query("SET session_replication_role = replica")
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    sqlx::query("UPDATE jobledger.events SET schema = 99 WHERE job_id = $1 AND version = 1")
+        .bind(*ids.last().unwrap())
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    let err = common::catch_up_jobs_rebuilt(&db, BATCH)
+        .await
+        .expect_err("an unreadable schema stops the projection");
+    assert!(err.to_string().contains("upgrade jobledger"), "{err}");
+    assert_eq!(
+        db.count("SELECT count(*) FROM jobledger_proj.jobs_rebuilt").await,
+        0
+    );
+    assert_eq!(
+        db.count("SELECT position FROM jobledger_proj.registry WHERE name = 'jobs_rebuilt'")
+            .await,
+        0
+    );
+}
