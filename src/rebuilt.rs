@@ -121,12 +121,19 @@ impl Projection for JobsRebuilt {
     ) -> BoxFuture<'a, Result<(), sqlx::Error>> {
         Box::pin(async move {
             let mut rows = read_back(tx, table, events).await?;
+            // A batch that may fail for an event of a newer schema folds
+            // whole before it writes, as it did in one piece: the error
+            // then names the batch's first such event and no write error
+            // of an earlier chunk can hide it (review, helper-52).
+            let per_chunk = if events.iter().any(|e| e.schema > crate::domain::schema::CURRENT) {
+                usize::MAX
+            } else {
+                CHUNK_JOBS
+            };
             let mut folding: Option<tokio::task::JoinHandle<Result<Rows, sqlx::Error>>> = None;
-            for jobs in chunks(events, CHUNK_JOBS) {
+            for jobs in chunks(events, per_chunk) {
                 let chunk = Chunk::take(jobs, &mut rows);
-                // Its warnings stay in the batch's span.
-                let span = tracing::Span::current();
-                let next = tokio::task::spawn_blocking(move || span.in_scope(|| chunk.fold()));
+                let next = off_the_task(move || chunk.fold());
                 if let Some(done) = folding.replace(next) {
                     write(tx, table, joined(done).await?).await?;
                 }
@@ -142,6 +149,16 @@ impl Projection for JobsRebuilt {
 /// Jobs per chunk: each chunk's statements cost about a millisecond of
 /// their own, and a chunk of 1,000 jobs folds in 10–16 ms on 2 cores.
 const CHUNK_JOBS: usize = 1000;
+
+/// `f` on a blocking thread, its warnings in the caller's span and to the
+/// caller's subscriber: a scoped one (`tracing::subscriber::set_default`)
+/// is the thread's own, and without it they went to the global one, or
+/// nowhere (review, helper-52).
+fn off_the_task<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> tokio::task::JoinHandle<T> {
+    let span = tracing::Span::current();
+    let dispatch = tracing::dispatcher::get_default(|d| d.clone());
+    tokio::task::spawn_blocking(move || tracing::dispatcher::with_default(&dispatch, || span.in_scope(f)))
+}
 
 async fn joined(folding: tokio::task::JoinHandle<Result<Rows, sqlx::Error>>) -> Result<Rows, sqlx::Error> {
     match folding.await {

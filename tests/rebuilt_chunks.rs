@@ -160,3 +160,88 @@ async fn a_newer_schema_in_the_last_chunk_lands_nothing_of_the_batch() {
         0
     );
 }
+
+/// A write that fails in an earlier chunk does not hide an event of a newer
+/// schema in a later one: the batch says to upgrade, as it did when it was
+/// folded whole before its write (review, helper-52).
+#[tokio::test]
+async fn a_newer_schema_in_a_later_chunk_is_named_before_a_write_fails() {
+    let db = fresh().await;
+    common::catch_up_jobs_rebuilt(&db, BATCH).await.unwrap(); // the table, empty
+    let ids = enqueue_all(&db).await;
+    let mut conn = db.conn().await;
+    sqlx::query("SET session_replication_role = replica")
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    sqlx::query("UPDATE jobledger.events SET schema = 99 WHERE job_id = $1 AND version = 1")
+        .bind(*ids.last().unwrap())
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    let table: String =
+        sqlx::query_scalar("SELECT active_table FROM jobledger_proj.registry WHERE name = 'jobs_rebuilt'")
+            .fetch_one(db.ledger.pool())
+            .await
+            .unwrap();
+    for sql in [
+        "CREATE FUNCTION public.boom() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'boom'; END $$"
+            .to_string(),
+        format!("CREATE TRIGGER boom BEFORE INSERT ON jobledger_proj.\"{table}\" FOR EACH ROW EXECUTE FUNCTION public.boom()"),
+    ] {
+        sqlx::query(&sql).execute(db.ledger.pool()).await.unwrap();
+    }
+    let err = common::catch_up_jobs_rebuilt(&db, BATCH)
+        .await
+        .expect_err("an unreadable schema stops the projection");
+    assert!(err.to_string().contains("upgrade jobledger"), "{err}");
+}
+
+/// A shared buffer for a scoped subscriber's output.
+#[derive(Clone, Default)]
+struct Captured(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Folding runs on a blocking thread; its warnings still reach the
+/// caller's subscriber, scoped to the caller's thread, inside the caller's
+/// span (review, helper-52: they went to the global subscriber).
+#[tokio::test]
+async fn a_folding_warning_reaches_a_scoped_subscriber_in_the_callers_span() {
+    use tracing::Instrument;
+    let db = fresh().await;
+    let job = db.enqueue(Some("k-edited"), json!({"n": 1})).await;
+    common::catch_up_jobs_rebuilt(&db, BATCH).await.unwrap();
+    sqlx::query("UPDATE jobledger_proj.jobs_rebuilt SET job = 'not json' WHERE job_id = $1")
+        .bind(job.job_id)
+        .execute(db.ledger.pool())
+        .await
+        .unwrap();
+    db.ledger.cancel(job.job_id, None).await.unwrap();
+    let out = Captured::default();
+    let writer = out.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    let _scoped = tracing::subscriber::set_default(subscriber);
+    common::catch_up_jobs_rebuilt(&db, BATCH)
+        .instrument(tracing::info_span!("the_catch_up"))
+        .await
+        .unwrap();
+    let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
+    let line = text
+        .lines()
+        .find(|l| l.contains("does not parse"))
+        .unwrap_or_else(|| panic!("no warning captured:\n{text}"));
+    assert!(line.contains("the_catch_up"), "{line}");
+    assert!(line.contains(&job.job_id.to_string()), "{line}");
+}
