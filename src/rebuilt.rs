@@ -206,6 +206,11 @@ impl Chunk {
                 mine.insert(e.job_id, row);
             }
         }
+        // Cloned: `Projection::apply` lends the batch, and a blocking thread
+        // needs what it folds owned. The copy is the one piece of client
+        // work left on the connection's task (review, helper-52); handing
+        // projections an owned batch would change every projection's
+        // signature for it.
         Chunk {
             events: events.into_iter().cloned().collect(),
             rows: mine,

@@ -10,6 +10,29 @@ use jobledger_projections::runner::Runner;
 use jobledger_projections::shipped::JobTimeline;
 use serde_json::json;
 
+/// `held` is the runner giving up on `job_timeline` after its patience
+/// (300 ms here), for the reason `why` names.
+fn assert_stalled<T: std::fmt::Debug>(held: Result<T, jobledger_projections::ProjectionError>, why: &str) {
+    match held {
+        Err(jobledger_projections::ProjectionError::Stalled { name, waited }) => {
+            assert_eq!(name, "job_timeline");
+            assert!(waited >= std::time::Duration::from_millis(300), "{waited:?}");
+        }
+        other => panic!("{why} is a stall, got {other:?}"),
+    }
+}
+
+/// A session in a transaction that has read the serving view: a switch's
+/// DDL waits for it to end.
+async fn reading_the_view(db: &common::TestDb) -> sqlx::Transaction<'static, sqlx::Postgres> {
+    let mut viewer = db.ledger.pool().begin().await.unwrap();
+    sqlx::query("SELECT count(*) FROM jobledger_proj.job_timeline")
+        .execute(&mut *viewer)
+        .await
+        .unwrap();
+    viewer
+}
+
 /// Issue 10: a catch-up that cannot move (a commit waits behind an open
 /// transaction) gives up after the runner's patience with an error that
 /// says why, instead of hanging its caller; once the transaction ends the
@@ -34,13 +57,7 @@ async fn a_catch_up_held_by_an_open_transaction_reports_a_stall() {
         .unwrap();
     db.enqueue(Some("waits"), json!({})).await;
     let held = within("a stalled catch-up", r.catch_up(&[&JobTimeline])).await;
-    match held {
-        Err(jobledger_projections::ProjectionError::Stalled { name, waited }) => {
-            assert_eq!(name, "job_timeline");
-            assert!(waited >= std::time::Duration::from_millis(300), "{waited:?}");
-        }
-        other => panic!("a held horizon is a stall, got {other:?}"),
-    }
+    assert_stalled(held, "a held horizon");
     holder.rollback().await.unwrap();
     within("a catch-up", r.catch_up(&[&JobTimeline])).await.unwrap();
     assert_eq!(
@@ -64,11 +81,7 @@ async fn a_reader_holding_the_view_delays_the_switch_without_hanging() {
     let r = Runner::new(db.ledger.pool().clone(), &reader, 10).await.unwrap();
     within("a catch-up", r.catch_up(&[&JobTimeline])).await.unwrap();
     r.start_rebuild(&JobTimeline).await.unwrap();
-    let mut viewer = db.ledger.pool().begin().await.unwrap();
-    sqlx::query("SELECT count(*) FROM jobledger_proj.job_timeline")
-        .execute(&mut *viewer)
-        .await
-        .unwrap();
+    let viewer = reading_the_view(&db).await;
     let held = within("a catch-up beside a reader", r.catch_up(&[&JobTimeline]))
         .await
         .unwrap();
@@ -105,23 +118,13 @@ async fn a_rebuild_whose_switch_keeps_timing_out_reports_a_stall() {
         .with_patience(std::time::Duration::from_millis(300));
     within("a catch-up", r.catch_up(&[&JobTimeline])).await.unwrap();
     let table = r.start_rebuild(&JobTimeline).await.unwrap();
-    let mut viewer = db.ledger.pool().begin().await.unwrap();
-    sqlx::query("SELECT count(*) FROM jobledger_proj.job_timeline")
-        .execute(&mut *viewer)
-        .await
-        .unwrap();
+    let viewer = reading_the_view(&db).await;
     let held = within(
         "a rebuild beside a reader",
         r.finish_rebuild(&JobTimeline, &table, |_| {}),
     )
     .await;
-    match held {
-        Err(jobledger_projections::ProjectionError::Stalled { name, waited }) => {
-            assert_eq!(name, "job_timeline");
-            assert!(waited >= std::time::Duration::from_millis(300), "{waited:?}");
-        }
-        other => panic!("a switch that keeps timing out is a stall, got {other:?}"),
-    }
+    assert_stalled(held, "a switch that keeps timing out");
     viewer.rollback().await.unwrap();
     // A runner without the first one's pause before its next switch.
     let r2 = Runner::new(db.ledger.pool().clone(), &reader, 10).await.unwrap();
