@@ -20,6 +20,7 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 use sqlx::PgPool;
 use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use tokio_util::task::AbortOnDropHandle;
 use uuid::Uuid;
 
@@ -67,6 +68,9 @@ pub struct Batch {
     /// Versions handed out ahead of their place in txid order so that no
     /// job's versions have a gap (they will come again: duplicates).
     pub early: usize,
+    /// Versions the batch lacked that were looked up in the log, to see
+    /// whether they lie past its end (those this reader had met were not).
+    pub probed: usize,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -97,6 +101,51 @@ pub struct HorizonHolder {
 pub struct LogReader {
     pool: PgPool,
     name: String,
+    /// Where this reader (and its clones) met each job's highest version:
+    /// spares `left_out` the probe of a version it has already seen.
+    seen: Arc<Mutex<Seen>>,
+}
+
+/// Where a job's highest version seen lies in the reader's order.
+#[derive(Clone, Copy)]
+struct Place {
+    version: i64,
+    at: (i64, i64),
+}
+
+/// The places of the jobs a reader has met, in two generations of at most
+/// `SEEN_JOBS` each: when the young one fills it becomes the old one and
+/// the old one is dropped, so memory stays bounded (about 43 MB at most)
+/// and recent jobs are kept. An event's `(txid, position)` never changes
+/// (the log is append-only), so a place is true whatever batch, reader
+/// order or checkpoint asks; forgetting one only costs a probe.
+#[derive(Default)]
+struct Seen {
+    young: HashMap<Uuid, Place>,
+    old: HashMap<Uuid, Place>,
+}
+
+/// A rebuild of a 1,000,000-event log meets about 333,000 jobs, enqueued
+/// long before they are claimed: one generation keeps them. Seven eighths
+/// of 2^19, so that a full generation's table still has 2^19 buckets of
+/// 41 bytes (about 21 MB) instead of growing to 2^20.
+const SEEN_JOBS: usize = 7 << 16;
+
+impl Seen {
+    fn get(&self, job: &Uuid) -> Option<Place> {
+        self.young.get(job).or_else(|| self.old.get(job)).copied()
+    }
+
+    /// Remembers where `job`'s version lies, if it is the job's highest yet.
+    fn remember(&mut self, job: Uuid, place: Place) {
+        if self.get(&job).is_some_and(|p| p.version >= place.version) {
+            return;
+        }
+        if self.young.len() >= SEEN_JOBS && !self.young.contains_key(&job) {
+            self.old = std::mem::take(&mut self.young);
+        }
+        self.young.insert(job, place);
+    }
 }
 
 fn to_projection_event(e: LogEvent) -> jobledger_projections::Event {
@@ -135,7 +184,8 @@ fn to_log(e: LoggedEvent) -> LogEvent {
 /// that lie past the batch's end (docs/log-reader.md, trap 2). Only the
 /// versions the batch lacks can be past its end: the one below its lowest
 /// and any gap between its own, each one probe of the `(job_id, version)`
-/// key. Only when the version below the lowest one is itself past the end
+/// key, unless this reader has met the version below the lowest at or
+/// before the batch's end (`Seen`; returned: how many were probed). Only when the version below the lowest one is itself past the end
 /// (the predecessor trap at a batch's start, rare) is the job walked further
 /// down, to the first version the checkpoint passed. Their data is read as
 /// the batch's was (`data`).
@@ -145,31 +195,41 @@ async fn left_out(
     next: Checkpoint,
     rows: &[LoggedEvent],
     data: DataAs<'_>,
-) -> LedgerResult<Vec<LoggedEvent>> {
+    seen: &Mutex<Seen>,
+) -> LedgerResult<(Vec<LoggedEvent>, usize)> {
     let mut versions: HashMap<Uuid, Vec<i64>> = HashMap::new();
     for r in rows {
         versions.entry(r.row.job_id).or_default().push(r.row.version);
     }
+    let end = (next.txid, next.position);
     let (mut jobs, mut missing) = (vec![], vec![]);
     let mut lowest: HashMap<Uuid, i64> = HashMap::new();
-    for (id, mut vs) in versions {
-        vs.sort_unstable();
-        if vs[0] > 1 {
-            jobs.push(id);
-            missing.push(vs[0] - 1);
-            lowest.insert(id, vs[0]);
-        }
-        for w in vs.windows(2) {
-            for v in w[0] + 1..w[1] {
+    {
+        let seen = seen.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        for (id, mut vs) in versions {
+            vs.sort_unstable();
+            // Not past the end if this reader met it at or before the end
+            // (then this batch or an earlier one held it): in a rebuild,
+            // nearly every job's version below the lowest.
+            let below = vs[0] - 1;
+            let met = seen.get(&id).is_some_and(|p| p.version == below && p.at <= end);
+            if below > 0 && !met {
                 jobs.push(id);
-                missing.push(v);
+                missing.push(below);
+                lowest.insert(id, vs[0]);
+            }
+            for w in vs.windows(2) {
+                for v in w[0] + 1..w[1] {
+                    jobs.push(id);
+                    missing.push(v);
+                }
             }
         }
     }
-    if jobs.is_empty() {
-        return Ok(vec![]);
+    let probed = jobs.len();
+    if probed == 0 {
+        return Ok((vec![], 0));
     }
-    let end = (next.txid, next.position);
     let mut early = readers::versions_past(conn, end, &jobs, &missing, data).await?;
     // Jobs whose version below the batch's lowest is past the end too.
     let deeper: Vec<(Uuid, i64)> = early
@@ -184,7 +244,7 @@ async fn left_out(
                 .await?;
         early.extend(walked);
     }
-    Ok(early)
+    Ok((early, probed))
 }
 
 impl LogReader {
@@ -193,6 +253,7 @@ impl LogReader {
         Ok(LogReader {
             pool,
             name: name.to_string(),
+            seen: Arc::default(),
         })
     }
 
@@ -204,6 +265,7 @@ impl LogReader {
         LogReader {
             pool,
             name: String::new(),
+            seen: Arc::default(),
         }
     }
 
@@ -265,7 +327,14 @@ impl LogReader {
         };
         // Read as `events_after` reads them: a (job, version) comes with the
         // same data each time it comes.
-        let early = left_out(&mut conn, after, next, &rows, data).await?;
+        let (early, probed) = left_out(&mut conn, after, next, &rows, data, &self.seen).await?;
+        {
+            let mut seen = self.seen.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            for e in rows.iter().chain(&early) {
+                let (version, at) = (e.row.version, (e.txid, e.row.position));
+                seen.remember(e.row.job_id, Place { version, at });
+            }
+        }
         let n_early = early.len();
         let mut events: Vec<LogEvent> = early.into_iter().chain(rows).map(to_log).collect();
         // Per job in version order; a job's events keep their relative order
@@ -276,6 +345,7 @@ impl LogReader {
             events,
             next,
             early: n_early,
+            probed,
         })
     }
 
@@ -446,5 +516,50 @@ impl jobledger_projections::LogSource for LogReader {
             .await
             .map_err(|e| jobledger_projections::ProjectionError::Log(e.to_string()))
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn place(version: i64) -> Place {
+        Place {
+            version,
+            at: (version, version),
+        }
+    }
+
+    #[test]
+    fn seen_keeps_each_jobs_highest_version() {
+        let mut seen = Seen::default();
+        let job = Uuid::new_v4();
+        seen.remember(job, place(3));
+        seen.remember(job, place(2));
+        assert_eq!(seen.get(&job).map(|p| p.version), Some(3));
+        seen.remember(job, place(4));
+        assert_eq!(seen.get(&job).map(|p| (p.version, p.at)), Some((4, (4, 4))));
+    }
+
+    #[test]
+    fn seen_forgets_the_oldest_generation_only() {
+        let mut seen = Seen::default();
+        let first = Uuid::new_v4();
+        seen.remember(first, place(1));
+        for _ in 1..SEEN_JOBS {
+            seen.remember(Uuid::new_v4(), place(1));
+        }
+        // The young generation is full: the next job moves it to the old one.
+        seen.remember(Uuid::new_v4(), place(1));
+        assert!(seen.get(&first).is_some(), "kept in the old generation");
+        // A job of the old generation that moves is remembered anew, young.
+        seen.remember(first, place(2));
+        assert_eq!(seen.get(&first).map(|p| p.version), Some(2));
+        let forgotten = seen.old.keys().find(|k| **k != first).copied().unwrap();
+        for _ in 0..SEEN_JOBS {
+            seen.remember(Uuid::new_v4(), place(1));
+        }
+        assert!(seen.get(&forgotten).is_none(), "two generations on, forgotten");
+        assert!(seen.young.len() + seen.old.len() <= 2 * SEEN_JOBS);
     }
 }

@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::reading::{drain, drain_data_of, drain_raw, drain_wanted};
+use common::reading::{drain, drain_data_of, drain_raw, drain_wanted, early_xid_trap};
 use common::{fresh, new_job, TestDb};
 use jobledger::reader::{Checkpoint, LogEvent, LogReader};
 use serde_json::json;
@@ -32,15 +32,6 @@ fn assert_per_job_order(events: &[LogEvent]) -> HashMap<Uuid, i64> {
         *last = e.version();
     }
     seen
-}
-
-async fn until_lock_wait(db: &TestDb) {
-    common::eventually("a transaction waits on the job's row lock", || async {
-        db.count("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()")
-            .await
-            > 0
-    })
-    .await;
 }
 
 /// Trap 1: the slower transaction took the smaller position but commits
@@ -94,51 +85,7 @@ async fn out_of_order_commits_are_never_skipped() {
 async fn an_early_xid_never_puts_a_version_before_its_predecessor() {
     let db = fresh().await;
     let reader = LogReader::open(db.ledger.pool().clone(), "test").await.unwrap();
-    let j = db.enqueue(Some("J"), json!({})).await;
-    let lease = db.claim_one("w").await;
-    let (before, cp) = drain(&reader, Checkpoint::default(), 100).await;
-    assert_eq!(before.len(), 2, "v1 and v2 of J are behind the checkpoint");
-
-    let mut t1 = db.ledger.pool().begin().await.unwrap();
-    db.ledger
-        .enqueue_in(&mut t1, new_job("q", Some("other"), json!({})))
-        .await
-        .unwrap(); // xid taken
-    let mut t2 = db.ledger.pool().begin().await.unwrap();
-    assert!(lease
-        .complete_in(&mut t2, Some(json!({"v": 3})))
-        .await
-        .unwrap()
-        .committed()); // J v3, larger xid
-
-    let ledger = db.ledger.clone();
-    let t1_task = tokio::spawn(async move {
-        let r = ledger
-            .observe_in(&mut t1, j.job_id, None, "late-receipt", json!({}), "w")
-            .await
-            .unwrap();
-        assert!(r.committed());
-        t1.commit().await.unwrap();
-    });
-    until_lock_wait(&db).await;
-    t2.commit().await.unwrap();
-    t1_task.await.unwrap();
-
-    let txids: HashMap<i64, i64> = sqlx::query_as::<_, (i64, i64)>(
-        "SELECT version, txid::text::bigint FROM jobledger.events WHERE job_id = $1",
-    )
-    .bind(j.job_id)
-    .fetch_all(db.ledger.pool())
-    .await
-    .unwrap()
-    .into_iter()
-    .collect();
-    assert!(
-        txids[&4] < txids[&3],
-        "the trap is set: v4's txid {} < v3's {}",
-        txids[&4],
-        txids[&3]
-    );
+    let (j, before, cp) = early_xid_trap(&db, &reader).await;
 
     // Small batches, so v4 arrives in a batch without v3.
     let (after, _) = drain(&reader, cp, 2).await;
