@@ -100,7 +100,7 @@ where
 pub async fn early_xid_trap(db: &TestDb, reader: &LogReader) -> (Job, Vec<LogEvent>, Checkpoint) {
     let j = db.enqueue(Some("J"), json!({})).await;
     let lease = db.claim_one("w").await;
-    let (before, cp) = drain(&reader, Checkpoint::default(), 100).await;
+    let (before, cp) = drain(reader, Checkpoint::default(), 100).await;
     assert_eq!(before.len(), 2, "v1 and v2 of J are behind the checkpoint");
 
     let mut t1 = db.ledger.pool().begin().await.unwrap();
