@@ -28,6 +28,9 @@ use crate::domain::Event;
 use crate::ledger::{LedgerError, LedgerResult};
 use crate::store::readers::{self, DataAs, LoggedEvent};
 
+mod seen;
+use seen::{History, Place, Seen};
+
 /// Everything at or before `(txid, position)` in the reader's order was handled.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Serialize)]
 pub struct Checkpoint {
@@ -68,8 +71,9 @@ pub struct Batch {
     /// Versions handed out ahead of their place in txid order so that no
     /// job's versions have a gap (they will come again: duplicates).
     pub early: usize,
-    /// Versions the batch lacked that were looked up in the log, to see
-    /// whether they lie past its end (those this reader had met were not).
+    /// Versions the batch lacked that were looked up by key, to see whether
+    /// they lie past its end (those this reader had met were not; the rare
+    /// walk further down is not counted).
     pub probed: usize,
 }
 
@@ -104,48 +108,6 @@ pub struct LogReader {
     /// Where this reader (and its clones) met each job's highest version:
     /// spares `left_out` the probe of a version it has already seen.
     seen: Arc<Mutex<Seen>>,
-}
-
-/// Where a job's highest version seen lies in the reader's order.
-#[derive(Clone, Copy)]
-struct Place {
-    version: i64,
-    at: (i64, i64),
-}
-
-/// The places of the jobs a reader has met, in two generations of at most
-/// `SEEN_JOBS` each: when the young one fills it becomes the old one and
-/// the old one is dropped, so memory stays bounded (about 43 MB at most)
-/// and recent jobs are kept. An event's `(txid, position)` never changes
-/// (the log is append-only), so a place is true whatever batch, reader
-/// order or checkpoint asks; forgetting one only costs a probe.
-#[derive(Default)]
-struct Seen {
-    young: HashMap<Uuid, Place>,
-    old: HashMap<Uuid, Place>,
-}
-
-/// A rebuild of a 1,000,000-event log meets about 333,000 jobs, enqueued
-/// long before they are claimed: one generation keeps them. Seven eighths
-/// of 2^19, so that a full generation's table still has 2^19 buckets of
-/// 41 bytes (about 21 MB) instead of growing to 2^20.
-const SEEN_JOBS: usize = 7 << 16;
-
-impl Seen {
-    fn get(&self, job: &Uuid) -> Option<Place> {
-        self.young.get(job).or_else(|| self.old.get(job)).copied()
-    }
-
-    /// Remembers where `job`'s version lies, if it is the job's highest yet.
-    fn remember(&mut self, job: Uuid, place: Place) {
-        if self.get(&job).is_some_and(|p| p.version >= place.version) {
-            return;
-        }
-        if self.young.len() >= SEEN_JOBS && !self.young.contains_key(&job) {
-            self.old = std::mem::take(&mut self.young);
-        }
-        self.young.insert(job, place);
-    }
 }
 
 fn to_projection_event(e: LogEvent) -> jobledger_projections::Event {
@@ -196,6 +158,7 @@ async fn left_out(
     rows: &[LoggedEvent],
     data: DataAs<'_>,
     seen: &Mutex<Seen>,
+    history: History,
 ) -> LedgerResult<(Vec<LoggedEvent>, usize)> {
     let mut versions: HashMap<Uuid, Vec<i64>> = HashMap::new();
     for r in rows {
@@ -205,7 +168,8 @@ async fn left_out(
     let (mut jobs, mut missing) = (vec![], vec![]);
     let mut lowest: HashMap<Uuid, i64> = HashMap::new();
     {
-        let seen = seen.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut seen = seen.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        seen.follow(history);
         for (id, mut vs) in versions {
             vs.sort_unstable();
             // Not past the end if this reader met it at or before the end
@@ -327,10 +291,14 @@ impl LogReader {
         };
         // Read as `events_after` reads them: a (job, version) comes with the
         // same data each time it comes.
-        let (early, probed) = left_out(&mut conn, after, next, &rows, data, &self.seen).await?;
+        let history = readers::log_history(&mut conn).await?;
+        let (early, probed) = left_out(&mut conn, after, next, &rows, data, &self.seen, history).await?;
         {
             let mut seen = self.seen.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-            for e in rows.iter().chain(&early) {
+            // A clone that read a newer history meanwhile: these places are
+            // not of it.
+            let of_this = seen.history == Some(history);
+            for e in rows.iter().chain(&early).filter(|_| of_this) {
                 let (version, at) = (e.row.version, (e.txid, e.row.position));
                 seen.remember(e.row.job_id, Place { version, at });
             }
@@ -516,50 +484,5 @@ impl jobledger_projections::LogSource for LogReader {
             .await
             .map_err(|e| jobledger_projections::ProjectionError::Log(e.to_string()))
         })
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn place(version: i64) -> Place {
-        Place {
-            version,
-            at: (version, version),
-        }
-    }
-
-    #[test]
-    fn seen_keeps_each_jobs_highest_version() {
-        let mut seen = Seen::default();
-        let job = Uuid::new_v4();
-        seen.remember(job, place(3));
-        seen.remember(job, place(2));
-        assert_eq!(seen.get(&job).map(|p| p.version), Some(3));
-        seen.remember(job, place(4));
-        assert_eq!(seen.get(&job).map(|p| (p.version, p.at)), Some((4, (4, 4))));
-    }
-
-    #[test]
-    fn seen_forgets_the_oldest_generation_only() {
-        let mut seen = Seen::default();
-        let first = Uuid::new_v4();
-        seen.remember(first, place(1));
-        for _ in 1..SEEN_JOBS {
-            seen.remember(Uuid::new_v4(), place(1));
-        }
-        // The young generation is full: the next job moves it to the old one.
-        seen.remember(Uuid::new_v4(), place(1));
-        assert!(seen.get(&first).is_some(), "kept in the old generation");
-        // A job of the old generation that moves is remembered anew, young.
-        seen.remember(first, place(2));
-        assert_eq!(seen.get(&first).map(|p| p.version), Some(2));
-        let forgotten = seen.old.keys().find(|k| **k != first).copied().unwrap();
-        for _ in 0..SEEN_JOBS {
-            seen.remember(Uuid::new_v4(), place(1));
-        }
-        assert!(seen.get(&forgotten).is_none(), "two generations on, forgotten");
-        assert!(seen.young.len() + seen.old.len() <= 2 * SEEN_JOBS);
     }
 }

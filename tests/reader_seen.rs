@@ -87,3 +87,53 @@ async fn a_version_met_past_a_batchs_end_is_still_handed_out_early() {
     assert_eq!(js, vec![3, 4, 3], "v3 early, v4, then v3 again in its place");
     assert!(probed >= 1);
 }
+
+fn sh(cmd: &str) {
+    let out = std::process::Command::new("sh").arg("-c").arg(cmd).output().unwrap();
+    assert!(out.status.success(), "{cmd}: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// Restored from a backup under a running process, the log holds another
+/// J v2 at another place than the one the reader met: the reader forgets
+/// what it met and hands out what a stranger does (review, helper-54: it
+/// handed out J v3 without v2).
+#[tokio::test]
+async fn a_reader_forgets_what_it_met_when_the_database_is_restored() {
+    let db = fresh().await;
+    let reader = LogReader::source(db.ledger.pool().clone());
+    let j = db.enqueue(None, json!({})).await.job_id;
+    let dump = std::env::temp_dir().join(format!("{}.dump", db.name));
+    let (server, dump) = (common::server_url(), dump.display().to_string());
+    sh(&format!("pg_dump -Fc -d {server}/{} -f {dump}", db.name));
+    db.ledger.observe(j, None, "lost", json!({}), "w").await.unwrap(); // J v2, not in the backup
+    let (before, _) = drain(&reader, Checkpoint::default(), 100).await;
+    assert_eq!(versions(&before), vec![(j, 1), (j, 2)]);
+
+    sh(&format!(
+        "psql -q {server}/postgres -c 'DROP DATABASE {0} WITH (FORCE)' -c 'CREATE DATABASE {0}'",
+        db.name
+    ));
+    sh(&format!("pg_restore -d {server}/{} {dump}", db.name));
+    std::fs::remove_file(&dump).unwrap();
+
+    // A consumer whose checkpoint was restored with the log is back at J v1.
+    let (txid, position): (i64, i64) =
+        sqlx::query_as("SELECT txid::text::bigint, position FROM jobledger.events WHERE job_id = $1")
+            .bind(j)
+            .fetch_one(db.ledger.pool())
+            .await
+            .unwrap();
+    let at_v1 = Checkpoint { txid, position };
+    // Trap 2 on J: T1 takes its xid, J's new v2 commits, T1 appends v3.
+    let mut t1 = db.ledger.pool().begin().await.unwrap();
+    sqlx::query("SELECT pg_current_xact_id()").execute(&mut *t1).await.unwrap();
+    db.ledger.observe(j, None, "a", json!({}), "w").await.unwrap();
+    db.ledger.observe_in(&mut t1, j, None, "b", json!({}), "w").await.unwrap();
+    t1.commit().await.unwrap();
+
+    let met = reader.read(at_v1, 1).await.unwrap();
+    let stranger = LogReader::source(db.ledger.pool().clone());
+    let fresh_read = stranger.read(at_v1, 1).await.unwrap();
+    assert_eq!(versions(&met.events), vec![(j, 2), (j, 3)], "v2 early, then v3");
+    assert_eq!(versions(&met.events), versions(&fresh_read.events));
+}

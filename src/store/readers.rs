@@ -336,6 +336,18 @@ fn data_keys_sql(data: &str, param: &str, keys: Option<&[&str]>) -> String {
         .join(" || ")
 }
 
+/// Which history of the log this connection reads: the events table's oid
+/// (new when the table or its database is created again, as a logical
+/// restore does) and when the server started (new after a physical restore
+/// or a failover). A reader's memory of where events lie holds within one.
+pub async fn log_history(conn: &mut PgConnection) -> StoreResult<(i64, DateTime<Utc>)> {
+    Ok(
+        sqlx::query_as("SELECT 'jobledger.events'::regclass::oid::int8, pg_postmaster_start_time()")
+            .fetch_one(conn)
+            .await?,
+    )
+}
+
 /// Of the given `(job_id, version)` pairs, those whose event lies past the
 /// batch's end `(txid, position)`: one probe of the `(job_id, version)` key
 /// each (`LATERAL` with `OFFSET 0`, so PostgreSQL cannot plan it as a walk
