@@ -89,8 +89,16 @@ async fn a_version_met_past_a_batchs_end_is_still_handed_out_early() {
 }
 
 fn sh(cmd: &str) {
-    let out = std::process::Command::new("sh").arg("-c").arg(cmd).output().unwrap();
-    assert!(out.status.success(), "{cmd}: {}", String::from_utf8_lossy(&out.stderr));
+    let out = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(cmd)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{cmd}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// Restored from a backup under a running process, the log holds another
@@ -126,9 +134,15 @@ async fn a_reader_forgets_what_it_met_when_the_database_is_restored() {
     let at_v1 = Checkpoint { txid, position };
     // Trap 2 on J: T1 takes its xid, J's new v2 commits, T1 appends v3.
     let mut t1 = db.ledger.pool().begin().await.unwrap();
-    sqlx::query("SELECT pg_current_xact_id()").execute(&mut *t1).await.unwrap();
+    sqlx::query("SELECT pg_current_xact_id()")
+        .execute(&mut *t1)
+        .await
+        .unwrap();
     db.ledger.observe(j, None, "a", json!({}), "w").await.unwrap();
-    db.ledger.observe_in(&mut t1, j, None, "b", json!({}), "w").await.unwrap();
+    db.ledger
+        .observe_in(&mut t1, j, None, "b", json!({}), "w")
+        .await
+        .unwrap();
     t1.commit().await.unwrap();
 
     let met = reader.read(at_v1, 1).await.unwrap();
