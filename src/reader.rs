@@ -29,7 +29,7 @@ use crate::ledger::{LedgerError, LedgerResult};
 use crate::store::readers::{self, DataAs, LoggedEvent};
 
 mod seen;
-use seen::{History, Place, Seen};
+use seen::{History, Seen};
 
 /// Everything at or before `(txid, position)` in the reader's order was handled.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Serialize)]
@@ -105,8 +105,8 @@ pub struct HorizonHolder {
 pub struct LogReader {
     pool: PgPool,
     name: String,
-    /// Where this reader (and its clones) met each job's highest version:
-    /// spares `left_out` the probe of a version it has already seen.
+    /// Where this reader (and its clones) met each job's lowest and highest
+    /// versions: spares `left_out` the probe of a version it has met.
     seen: Arc<Mutex<Seen>>,
 }
 
@@ -176,7 +176,7 @@ async fn left_out(
             // (then this batch or an earlier one held it): in a rebuild,
             // nearly every job's version below the lowest.
             let below = vs[0] - 1;
-            let met = seen.get(&id).is_some_and(|p| p.version == below && p.at <= end);
+            let met = seen.at(&id, below).is_some_and(|at| at <= end);
             if below > 0 && !met {
                 jobs.push(id);
                 missing.push(below);
@@ -299,8 +299,7 @@ impl LogReader {
             // not of it.
             let of_this = seen.history == Some(history);
             for e in rows.iter().chain(&early).filter(|_| of_this) {
-                let (version, at) = (e.row.version, (e.txid, e.row.position));
-                seen.remember(e.row.job_id, Place { version, at });
+                seen.remember(e.row.job_id, e.row.version, (e.txid, e.row.position));
             }
         }
         let n_early = early.len();

@@ -53,6 +53,14 @@ async fn a_reader_that_met_each_jobs_predecessor_looks_none_up() {
         fresh_probed >= 20,
         "a reader that met none looks each job's up: {fresh_probed}"
     );
+
+    // A second pass from the same checkpoint (a rebuild through a reader
+    // that has read the log): each job's v1 is the lowest it met.
+    let (again, _, probed) = drain_probed(&reader, cp, 100).await;
+    let stranger = LogReader::source(db.ledger.pool().clone());
+    let (fresh_again, _, _) = drain_probed(&stranger, cp, 100).await;
+    assert_eq!(versions(&again), versions(&fresh_again));
+    assert_eq!(probed, 0, "each job's v1 was met before the batch");
 }
 
 /// The reader meets J's v3 as J's highest, reading from past v4; read again

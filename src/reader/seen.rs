@@ -1,25 +1,30 @@
-//! A log reader's memory of where it met each job's highest version
-//! (docs/log-reader.md, trap 2): `left_out` does not look up a version the
-//! reader met at or before a batch's end.
+//! A log reader's memory of where it met each job's events (docs/log-reader.md,
+//! trap 2): `left_out` does not look up a version the reader met at or
+//! before a batch's end.
 
 use chrono::{DateTime, Utc};
 use std::collections::HashMap;
 use uuid::Uuid;
 
-/// Where a job's highest version seen lies in the reader's order.
+/// Where the reader met a job's lowest and highest versions, in its order
+/// `(txid, position)`. The lowest answers a pass that starts again from an
+/// earlier checkpoint (a rebuild through a reader that has read the log: a
+/// claim batch asks for v1), the highest one that follows on (a completion
+/// batch asks for the claim). Versions past `u32::MAX` are not remembered.
 #[derive(Clone, Copy)]
-pub(super) struct Place {
-    pub(super) version: i64,
-    pub(super) at: (i64, i64),
+struct Ends {
+    low: u32,
+    high: u32,
+    low_at: (i64, i64),
+    high_at: (i64, i64),
 }
 
-/// The places of the jobs a reader has met, in two generations of at most
-/// `SEEN_JOBS` each: when the young one fills it becomes the old one and
-/// the old one is dropped, so memory stays bounded (about 43 MB; about 54
-/// MB for a moment while the young one's table grows to its last size) and
-/// recent jobs are kept. An event's `(txid, position)` never changes
-/// (the log is append-only), so a place is true whatever batch, reader
-/// order or checkpoint asks; forgetting one only costs a probe.
+/// The jobs a reader has met, at most `SEEN_JOBS`; when full it starts
+/// again from nothing, keeping its table (about 30 MB at most, 45 MB for a
+/// moment while the table grows to its last size). An event's
+/// `(txid, position)` never changes (the log is append-only), so a place
+/// is true whatever batch, reader order or checkpoint asks; forgetting one
+/// only costs a probe.
 ///
 /// "Never changes" holds within one history of the database: restored from
 /// a backup, created again or failed over under a running process, the
@@ -27,8 +32,7 @@ pub(super) struct Place {
 /// the history it read (`readers::log_history`) and a new one forgets all.
 #[derive(Default)]
 pub(super) struct Seen {
-    young: HashMap<Uuid, Place>,
-    old: HashMap<Uuid, Place>,
+    jobs: HashMap<Uuid, Ends>,
     pub(super) history: Option<History>,
 }
 
@@ -36,35 +40,58 @@ pub(super) struct Seen {
 pub(super) type History = (i64, DateTime<Utc>);
 
 /// A rebuild of a 1,000,000-event log meets about 333,000 jobs, enqueued
-/// long before they are claimed: one generation keeps them. Seven eighths
-/// of 2^19, so that a full generation's table still has 2^19 buckets of
-/// 41 bytes (about 21 MB) instead of growing to 2^20.
+/// long before they are claimed: they all fit. Seven eighths of 2^19, so
+/// that a full table still has 2^19 buckets of 57 bytes instead of growing
+/// to 2^20.
 const SEEN_JOBS: usize = 7 << 16;
 
 impl Seen {
     /// Forgets everything remembered of another history than `history`.
     pub(super) fn follow(&mut self, history: History) {
         if self.history != Some(history) {
-            *self = Seen {
-                history: Some(history),
-                ..Seen::default()
-            };
+            self.jobs = HashMap::new();
+            self.history = Some(history);
         }
     }
 
-    pub(super) fn get(&self, job: &Uuid) -> Option<Place> {
-        self.young.get(job).or_else(|| self.old.get(job)).copied()
+    /// Where the reader met `version` of `job`, if it remembers.
+    pub(super) fn at(&self, job: &Uuid, version: i64) -> Option<(i64, i64)> {
+        let ends = self.jobs.get(job)?;
+        let version = u32::try_from(version).ok()?;
+        if ends.low == version {
+            Some(ends.low_at)
+        } else if ends.high == version {
+            Some(ends.high_at)
+        } else {
+            None
+        }
     }
 
-    /// Remembers where `job`'s version lies, if it is the job's highest yet.
-    pub(super) fn remember(&mut self, job: Uuid, place: Place) {
-        if self.get(&job).is_some_and(|p| p.version >= place.version) {
+    /// Remembers where `version` of `job` lies, if it is the job's lowest
+    /// or highest met yet.
+    pub(super) fn remember(&mut self, job: Uuid, version: i64, at: (i64, i64)) {
+        let Ok(v) = u32::try_from(version) else {
+            return;
+        };
+        if let Some(ends) = self.jobs.get_mut(&job) {
+            if v < ends.low {
+                (ends.low, ends.low_at) = (v, at);
+            }
+            if v > ends.high {
+                (ends.high, ends.high_at) = (v, at);
+            }
             return;
         }
-        if self.young.len() >= SEEN_JOBS && !self.young.contains_key(&job) {
-            self.old = std::mem::take(&mut self.young);
+        if self.jobs.len() >= SEEN_JOBS {
+            self.jobs.clear();
         }
-        self.young.insert(job, place);
+        let ends = Ends {
+            low: v,
+            high: v,
+            low_at: at,
+            high_at: at,
+        };
+        self.jobs.insert(job, ends);
     }
 }
 
@@ -72,59 +99,63 @@ impl Seen {
 mod tests {
     use super::*;
 
-    fn place(version: i64) -> Place {
-        Place {
-            version,
-            at: (version, version),
-        }
+    fn at(v: i64) -> (i64, i64) {
+        (v, 10 * v)
     }
 
     #[test]
-    fn seen_keeps_each_jobs_highest_version() {
+    fn seen_keeps_each_jobs_lowest_and_highest_version() {
         let mut seen = Seen::default();
         let job = Uuid::new_v4();
-        seen.remember(job, place(3));
-        seen.remember(job, place(2));
-        assert_eq!(seen.get(&job).map(|p| p.version), Some(3));
-        seen.remember(job, place(4));
-        assert_eq!(seen.get(&job).map(|p| (p.version, p.at)), Some((4, (4, 4))));
+        seen.remember(job, 2, at(2));
+        seen.remember(job, 3, at(3));
+        seen.remember(job, 1, at(1));
+        assert_eq!(seen.at(&job, 1), Some(at(1)));
+        assert_eq!(seen.at(&job, 3), Some(at(3)));
+        assert_eq!(seen.at(&job, 2), None, "neither end: looked up");
+        seen.remember(job, 4, at(4));
+        assert_eq!(seen.at(&job, 4), Some(at(4)));
+        assert_eq!(seen.at(&job, 3), None);
+        assert_eq!(seen.at(&Uuid::new_v4(), 1), None);
+        let huge = i64::from(u32::MAX) + 1;
+        seen.remember(job, huge, at(5));
+        assert_eq!(seen.at(&job, huge), None, "past u32: not remembered");
+        assert_eq!(seen.at(&job, 4), Some(at(4)));
     }
 
     #[test]
     fn another_history_forgets_everything() {
         let mut seen = Seen::default();
-        let (job, at) = (Uuid::new_v4(), DateTime::<Utc>::UNIX_EPOCH);
-        seen.follow((1, at));
-        seen.remember(job, place(2));
-        seen.follow((1, at));
-        assert!(seen.get(&job).is_some(), "the same history keeps it");
-        seen.follow((2, at));
-        assert!(seen.get(&job).is_none(), "another table forgets it");
-        seen.remember(job, place(2));
-        seen.follow((2, at + chrono::Duration::seconds(1)));
-        assert!(seen.get(&job).is_none(), "another server start forgets it");
-        assert_eq!(seen.history, Some((2, at + chrono::Duration::seconds(1))));
+        let (job, start) = (Uuid::new_v4(), DateTime::<Utc>::UNIX_EPOCH);
+        seen.follow((1, start));
+        seen.remember(job, 2, at(2));
+        seen.follow((1, start));
+        assert!(seen.at(&job, 2).is_some(), "the same history keeps it");
+        seen.follow((2, start));
+        assert!(seen.at(&job, 2).is_none(), "another table forgets it");
+        seen.remember(job, 2, at(2));
+        let later = start + chrono::Duration::seconds(1);
+        seen.follow((2, later));
+        assert!(seen.at(&job, 2).is_none(), "another server start forgets it");
+        assert_eq!(seen.history, Some((2, later)));
     }
 
     #[test]
-    fn seen_forgets_the_oldest_generation_only() {
+    fn a_full_memory_starts_again() {
         let mut seen = Seen::default();
         let first = Uuid::new_v4();
-        seen.remember(first, place(1));
+        seen.remember(first, 1, at(1));
         for _ in 1..SEEN_JOBS {
-            seen.remember(Uuid::new_v4(), place(1));
+            seen.remember(Uuid::new_v4(), 1, at(1));
         }
-        // The young generation is full: the next job moves it to the old one.
-        seen.remember(Uuid::new_v4(), place(1));
-        assert!(seen.get(&first).is_some(), "kept in the old generation");
-        // A job of the old generation that moves is remembered anew, young.
-        seen.remember(first, place(2));
-        assert_eq!(seen.get(&first).map(|p| p.version), Some(2));
-        let forgotten = seen.old.keys().find(|k| **k != first).copied().unwrap();
-        for _ in 0..SEEN_JOBS {
-            seen.remember(Uuid::new_v4(), place(1));
-        }
-        assert!(seen.get(&forgotten).is_none(), "two generations on, forgotten");
-        assert!(seen.young.len() + seen.old.len() <= 2 * SEEN_JOBS);
+        // Full: a job it has still moves; a new one starts it again.
+        seen.remember(first, 2, at(2));
+        assert_eq!(seen.at(&first, 2), Some(at(2)));
+        assert_eq!(seen.jobs.len(), SEEN_JOBS);
+        let next = Uuid::new_v4();
+        seen.remember(next, 1, at(1));
+        assert_eq!(seen.at(&first, 1), None, "forgotten");
+        assert_eq!(seen.at(&next, 1), Some(at(1)));
+        assert_eq!(seen.jobs.len(), 1);
     }
 }
