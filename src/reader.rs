@@ -278,6 +278,11 @@ impl LogReader {
 
     async fn read_as(&self, after: Checkpoint, limit: i64, data: DataAs<'_>) -> LedgerResult<Batch> {
         let mut conn = self.pool.acquire().await?;
+        // Asked before the read: should the log be replaced between the two
+        // (a restore into the live database), what this read remembers is
+        // filed under the history before, which the next read finds
+        // changed, and forgets.
+        let history = readers::log_history(&mut conn).await?;
         let rows = readers::events_after(&mut conn, after.txid, after.position, limit, data).await?;
         let Some(last) = rows.last() else {
             return Ok(Batch {
@@ -291,17 +296,15 @@ impl LogReader {
         };
         // Read as `events_after` reads them: a (job, version) comes with the
         // same data each time it comes.
-        let history = readers::log_history(&mut conn).await?;
         let (early, probed) = left_out(&mut conn, after, next, &rows, data, &self.seen, history).await?;
-        {
-            let mut seen = self.seen.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-            // A clone that read a newer history meanwhile: these places are
-            // not of it.
-            let of_this = seen.history == Some(history);
-            for e in rows.iter().chain(&early).filter(|_| of_this) {
-                seen.remember(e.row.job_id, e.row.version, (e.txid, e.row.position));
-            }
-        }
+        let places = rows.iter().chain(&early);
+        self.seen
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .remember_read(
+                history,
+                places.map(|e| (e.row.job_id, e.row.version, (e.txid, e.row.position))),
+            );
         let n_early = early.len();
         let mut events: Vec<LogEvent> = early.into_iter().chain(rows).map(to_log).collect();
         // Per job in version order; a job's events keep their relative order

@@ -1,8 +1,8 @@
-//! The log reader remembers where it met each job's highest version, and
-//! looks up in the log only the versions a batch lacks that it has not met
-//! at or before the batch's end (`reader::Seen`): the same events come out,
-//! with fewer lookups, and a version it met past a batch's end is still
-//! handed out early.
+//! The log reader remembers where it met each job's lowest and highest
+//! versions, and looks up in the log only the versions a batch lacks that it
+//! has not met at or before the batch's end (`reader::seen`): the same events
+//! come out, with fewer lookups, and a version it met past a batch's end is
+//! still handed out early.
 
 mod common;
 

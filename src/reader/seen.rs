@@ -67,9 +67,25 @@ impl Seen {
         }
     }
 
+    /// Remembers the places a read of `history` met, unless a clone has
+    /// read a newer history meanwhile (a connection still on the old
+    /// primary after a failover): they are not of it.
+    pub(super) fn remember_read(
+        &mut self,
+        history: History,
+        places: impl Iterator<Item = (Uuid, i64, (i64, i64))>,
+    ) {
+        if self.history != Some(history) {
+            return;
+        }
+        for (job, version, at) in places {
+            self.remember(job, version, at);
+        }
+    }
+
     /// Remembers where `version` of `job` lies, if it is the job's lowest
     /// or highest met yet.
-    pub(super) fn remember(&mut self, job: Uuid, version: i64, at: (i64, i64)) {
+    fn remember(&mut self, job: Uuid, version: i64, at: (i64, i64)) {
         let Ok(v) = u32::try_from(version) else {
             return;
         };
@@ -138,6 +154,11 @@ mod tests {
         seen.follow((2, later));
         assert!(seen.at(&job, 2).is_none(), "another server start forgets it");
         assert_eq!(seen.history, Some((2, later)));
+        // A read of the history before, ending after the change: not kept.
+        seen.remember_read((2, start), [(job, 3, at(3))].into_iter());
+        assert!(seen.at(&job, 3).is_none(), "a place of another history");
+        seen.remember_read((2, later), [(job, 3, at(3))].into_iter());
+        assert_eq!(seen.at(&job, 3), Some(at(3)));
     }
 
     #[test]
