@@ -147,8 +147,9 @@ fn to_log(e: LoggedEvent) -> LogEvent {
 /// versions the batch lacks can be past its end: the one below its lowest
 /// and any gap between its own, each one probe of the `(job_id, version)`
 /// key, unless this reader has met the version below the lowest at or
-/// before the batch's end (`Seen`; returned: how many were probed). Only when the version below the lowest one is itself past the end
-/// (the predecessor trap at a batch's start, rare) is the job walked further
+/// before the batch's end (`Seen`; returned: how many were probed). Only
+/// when the version below the lowest one is itself past the end (the
+/// predecessor trap at a batch's start, rare) is the job walked further
 /// down, to the first version the checkpoint passed. Their data is read as
 /// the batch's was (`data`).
 async fn left_out(
@@ -176,8 +177,7 @@ async fn left_out(
             // (then this batch or an earlier one held it): in a rebuild,
             // nearly every job's version below the lowest.
             let below = vs[0] - 1;
-            let met = seen.at(&id, below).is_some_and(|at| at <= end);
-            if below > 0 && !met {
+            if below > 0 && !seen.at(&id, below).is_some_and(|at| at <= end) {
                 jobs.push(id);
                 missing.push(below);
                 lowest.insert(id, vs[0]);

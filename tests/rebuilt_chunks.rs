@@ -172,15 +172,7 @@ async fn a_newer_schema_in_the_last_chunk_lands_nothing_of_the_batch() {
         .await
         .expect_err("an unreadable schema stops the projection");
     assert!(err.to_string().contains("upgrade jobledger"), "{err}");
-    assert_eq!(
-        db.count("SELECT count(*) FROM jobledger_proj.jobs_rebuilt").await,
-        0
-    );
-    assert_eq!(
-        db.count("SELECT position FROM jobledger_proj.registry WHERE name = 'jobs_rebuilt'")
-            .await,
-        0
-    );
+    assert_nothing_landed(&db).await;
 }
 
 /// A write that fails in an earlier chunk does not hide an event of a newer
@@ -214,15 +206,7 @@ async fn a_write_failing_in_the_last_chunk_lands_nothing_of_the_batch() {
         .await
         .expect_err("the last chunk's insert fails");
     assert!(err.to_string().contains("boom"), "{err}");
-    assert_eq!(
-        db.count("SELECT count(*) FROM jobledger_proj.jobs_rebuilt").await,
-        0
-    );
-    assert_eq!(
-        db.count("SELECT position FROM jobledger_proj.registry WHERE name = 'jobs_rebuilt'")
-            .await,
-        0
-    );
+    assert_nothing_landed(&db).await;
 }
 
 /// A shared buffer for a scoped subscriber's output.
@@ -272,4 +256,17 @@ async fn a_folding_warning_reaches_a_scoped_subscriber_in_the_callers_span() {
         .unwrap_or_else(|| panic!("no warning captured:\n{text}"));
     assert!(line.contains("the_catch_up"), "{line}");
     assert!(line.contains(&job.job_id.to_string()), "{line}");
+}
+
+/// No row of the batch in the table, and the checkpoint still at 0.
+async fn assert_nothing_landed(db: &TestDb) {
+    assert_eq!(
+        db.count("SELECT count(*) FROM jobledger_proj.jobs_rebuilt").await,
+        0
+    );
+    assert_eq!(
+        db.count("SELECT position FROM jobledger_proj.registry WHERE name = 'jobs_rebuilt'")
+            .await,
+        0
+    );
 }
