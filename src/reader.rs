@@ -177,7 +177,7 @@ async fn left_out(
             // (then this batch or an earlier one held it): in a rebuild,
             // nearly every job's version below the lowest.
             let below = vs[0] - 1;
-            if below > 0 && !seen.at(&id, below).is_some_and(|at| at <= end) {
+            if below > 0 && seen.at(&id, below).is_none_or(|at| at > end) {
                 jobs.push(id);
                 missing.push(below);
                 lowest.insert(id, vs[0]);
