@@ -30,6 +30,10 @@ struct Ends {
 /// a backup, created again or failed over under a running process, the
 /// log may hold other events at the places remembered, so each read names
 /// the history it read (`readers::log_history`) and a new one forgets all.
+/// Rows deleted or written again around the append-only triggers (a
+/// data-only restore with triggers disabled) keep the history: stop the
+/// readers for such a repair, as for any process holding log positions in
+/// memory (docs/log-reader.md).
 #[derive(Default)]
 pub(super) struct Seen {
     jobs: HashMap<Uuid, Ends>,
