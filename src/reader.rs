@@ -278,13 +278,9 @@ impl LogReader {
 
     async fn read_as(&self, after: Checkpoint, limit: i64, data: DataAs<'_>) -> LedgerResult<Batch> {
         let mut conn = self.pool.acquire().await?;
-        // Asked before the read: should the log be replaced between the two
-        // (a restore into the live database), what this read remembers is
-        // filed under the history before, which the next read finds
-        // changed, and forgets.
-        let history = readers::log_history(&mut conn).await?;
-        let rows = readers::events_after(&mut conn, after.txid, after.position, limit, data).await?;
-        let Some(last) = rows.last() else {
+        let page = readers::events_after(&mut conn, after.txid, after.position, limit, data).await?;
+        let (rows, history) = (page.rows, page.history);
+        let (Some(last), Some(history)) = (rows.last(), history) else {
             return Ok(Batch {
                 next: after,
                 ..Batch::default()

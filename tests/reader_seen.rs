@@ -159,3 +159,74 @@ async fn a_reader_forgets_what_it_met_when_the_database_is_restored() {
     assert_eq!(versions(&met.events), vec![(j, 2), (j, 3)], "v2 early, then v3");
     assert_eq!(versions(&met.events), versions(&fresh_read.events));
 }
+
+/// The log truncated and loaded again around the append-only triggers (a
+/// data-only restore into the live database, `session_replication_role =
+/// replica`): the same table, new storage. The reader forgets what it met,
+/// as after a restore (review, helper-56: it handed out J v3 without v2).
+#[tokio::test]
+async fn a_reader_forgets_what_it_met_when_the_log_is_truncated_and_loaded_again() {
+    let db = fresh().await;
+    let pool = db.ledger.pool();
+    let reader = LogReader::source(pool.clone());
+    let j = db.enqueue(None, json!({})).await.job_id;
+    for table in ["events", "jobs"] {
+        sqlx::query(&format!(
+            "CREATE TABLE public.kept_{table} AS SELECT * FROM jobledger.{table}"
+        ))
+        .execute(pool)
+        .await
+        .unwrap();
+    }
+    db.ledger.observe(j, None, "lost", json!({}), "w").await.unwrap(); // J v2, not kept
+    let (before, _) = drain(&reader, Checkpoint::default(), 100).await;
+    assert_eq!(versions(&before), vec![(j, 1), (j, 2)]);
+
+    // The jobs' generated columns are computed again, not copied.
+    let job_columns: String = sqlx::query_scalar(
+        "SELECT string_agg(quote_ident(column_name), ', ' ORDER BY ordinal_position) \
+         FROM information_schema.columns \
+         WHERE table_schema = 'jobledger' AND table_name = 'jobs' AND is_generated = 'NEVER'",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    let mut repair = pool.acquire().await.unwrap();
+    for sql in [
+        "SET session_replication_role = replica".to_string(),
+        "TRUNCATE jobledger.events".to_string(),
+        "INSERT INTO jobledger.events OVERRIDING SYSTEM VALUE SELECT * FROM public.kept_events".to_string(),
+        "DELETE FROM jobledger.jobs".to_string(),
+        format!("INSERT INTO jobledger.jobs ({job_columns}) SELECT {job_columns} FROM public.kept_jobs"),
+        "RESET session_replication_role".to_string(),
+    ] {
+        sqlx::query(&sql).execute(&mut *repair).await.unwrap();
+    }
+    drop(repair);
+
+    let (txid, position): (i64, i64) =
+        sqlx::query_as("SELECT txid::text::bigint, position FROM jobledger.events WHERE job_id = $1")
+            .bind(j)
+            .fetch_one(pool)
+            .await
+            .unwrap();
+    let at_v1 = Checkpoint { txid, position };
+    // Trap 2 on J: T1 takes its xid, J's new v2 commits, T1 appends v3.
+    let mut t1 = pool.begin().await.unwrap();
+    sqlx::query("SELECT pg_current_xact_id()")
+        .execute(&mut *t1)
+        .await
+        .unwrap();
+    db.ledger.observe(j, None, "a", json!({}), "w").await.unwrap();
+    db.ledger
+        .observe_in(&mut t1, j, None, "b", json!({}), "w")
+        .await
+        .unwrap();
+    t1.commit().await.unwrap();
+
+    let met = reader.read(at_v1, 1).await.unwrap();
+    let stranger = LogReader::source(pool.clone());
+    let fresh_read = stranger.read(at_v1, 1).await.unwrap();
+    assert_eq!(versions(&fresh_read.events), vec![(j, 2), (j, 3)]);
+    assert_eq!(versions(&met.events), vec![(j, 2), (j, 3)], "v2 early, then v3");
+}

@@ -191,7 +191,8 @@ impl Ledger {
                     hashes: true,
                 },
             )
-            .await?;
+            .await?
+            .rows;
             if page.is_empty() {
                 break;
             }

@@ -2,7 +2,6 @@
 //! trap 2): `left_out` does not look up a version the reader met at or
 //! before a batch's end.
 
-use chrono::{DateTime, Utc};
 use std::collections::HashMap;
 use uuid::Uuid;
 
@@ -27,21 +26,22 @@ struct Ends {
 /// only costs a probe.
 ///
 /// "Never changes" holds within one history of the database: restored from
-/// a backup, created again or failed over under a running process, the
-/// log may hold other events at the places remembered, so each read names
-/// the history it read (`readers::log_history`) and a new one forgets all.
-/// Rows deleted or written again around the append-only triggers (a
-/// data-only restore with triggers disabled) keep the history: stop the
-/// readers for such a repair, as for any process holding log positions in
-/// memory (docs/log-reader.md).
+/// a backup, created again, truncated and loaded again, or failed over
+/// under a running process, the log may hold other events at the places
+/// remembered, so each read names the history it read (`LogHistory`, from
+/// the read's own statement) and a new one forgets all. Rows deleted or
+/// written again in place around the append-only triggers keep the
+/// history, and so does a table replaced between a read and its lookups of
+/// versions handed out early: stop the readers for such a repair, as for
+/// any process holding log positions in memory (docs/log-reader.md).
 #[derive(Default)]
 pub(super) struct Seen {
     jobs: HashMap<Uuid, Ends>,
     pub(super) history: Option<History>,
 }
 
-/// `readers::log_history`: the events table's oid and the server's start.
-pub(super) type History = (i64, DateTime<Utc>);
+/// The history a read read (`readers::LogHistory`).
+pub(super) type History = crate::store::readers::LogHistory;
 
 /// A rebuild of a 1,000,000-event log meets about 333,000 jobs, enqueued
 /// long before they are claimed: they all fit. Seven eighths of 2^19, so
@@ -118,6 +118,7 @@ impl Seen {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use chrono::{DateTime, Utc};
 
     fn at(v: i64) -> (i64, i64) {
         (v, 10 * v)
@@ -143,25 +144,36 @@ mod tests {
         assert_eq!(seen.at(&job, 4), Some(at(4)));
     }
 
+    fn history(table: i64, storage: i64, started: DateTime<Utc>) -> History {
+        History {
+            table,
+            storage,
+            started,
+        }
+    }
+
     #[test]
     fn another_history_forgets_everything() {
         let mut seen = Seen::default();
         let (job, start) = (Uuid::new_v4(), DateTime::<Utc>::UNIX_EPOCH);
-        seen.follow((1, start));
+        seen.follow(history(1, 1, start));
         seen.remember(job, 2, at(2));
-        seen.follow((1, start));
+        seen.follow(history(1, 1, start));
         assert!(seen.at(&job, 2).is_some(), "the same history keeps it");
-        seen.follow((2, start));
+        seen.follow(history(2, 1, start));
         assert!(seen.at(&job, 2).is_none(), "another table forgets it");
         seen.remember(job, 2, at(2));
+        seen.follow(history(2, 2, start));
+        assert!(seen.at(&job, 2).is_none(), "another storage forgets it");
+        seen.remember(job, 2, at(2));
         let later = start + chrono::Duration::seconds(1);
-        seen.follow((2, later));
+        seen.follow(history(2, 2, later));
         assert!(seen.at(&job, 2).is_none(), "another server start forgets it");
-        assert_eq!(seen.history, Some((2, later)));
+        assert_eq!(seen.history, Some(history(2, 2, later)));
         // A read of the history before, ending after the change: not kept.
-        seen.remember_read((2, start), [(job, 3, at(3))].into_iter());
+        seen.remember_read(history(2, 2, start), [(job, 3, at(3))].into_iter());
         assert!(seen.at(&job, 3).is_none(), "a place of another history");
-        seen.remember_read((2, later), [(job, 3, at(3))].into_iter());
+        seen.remember_read(history(2, 2, later), [(job, 3, at(3))].into_iter());
         assert_eq!(seen.at(&job, 3), Some(at(3)));
     }
 

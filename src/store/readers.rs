@@ -76,11 +76,16 @@ const RAW_DATA: usize = at("");
 pub(super) fn logged_of(r: &PgRow, raw: bool) -> Result<LoggedEvent, sqlx::Error> {
     // Checked in debug builds (every test): the row carries the columns
     // `at` counts on, in that order (`raw_data` last).
+    // (`events_after` adds `HISTORY_COLUMNS` after them.)
     debug_assert!(
-        r.columns().iter().map(|c| c.name()).eq(["txid", "position"]
-            .into_iter()
-            .chain(EVENT_COLUMNS.split(',').map(str::trim))
-            .chain(raw.then_some("raw_data"))),
+        r.columns()
+            .iter()
+            .map(|c| c.name())
+            .filter(|c| !c.starts_with("log_"))
+            .eq(["txid", "position"]
+                .into_iter()
+                .chain(EVENT_COLUMNS.split(',').map(str::trim))
+                .chain(raw.then_some("raw_data"))),
         "the reader's columns are selected in EVENT_COLUMNS' order"
     );
     Ok(LoggedEvent {
@@ -289,27 +294,72 @@ pub async fn events_after(
     position: i64,
     limit: i64,
     data: DataAs<'_>,
-) -> StoreResult<Vec<LoggedEvent>> {
+) -> StoreResult<LogPage> {
     let (data_of, keys) = data.bound();
     let raw = data.raw();
     let sql = format!(
         // `ORDER BY e.txid`, not the bigint alias: ordering by the alias
         // would sort the whole tail instead of walking the index.
-        "SELECT e.txid::text::bigint AS txid, {} FROM jobledger.events e \
+        "SELECT e.txid::text::bigint AS txid, {}, {HISTORY_COLUMNS} FROM jobledger.events e \
          WHERE (e.txid, e.position) > ($1::text::xid8, $2) AND e.txid < (SELECT jobledger.log_horizon()) \
          ORDER BY e.txid, e.position LIMIT $3",
         data.columns(4)
     );
-    Ok(sqlx::query(&sql)
+    let rows: Vec<(LoggedEvent, LogHistory)> = sqlx::query(&sql)
         .bind(txid)
         .bind(position)
         .bind(limit)
         .bind(data_of)
         .bind(keys)
-        .try_map(move |r| logged_of(&r, raw))
+        .try_map(move |r| {
+            // After the event's columns (and `raw_data`), by position.
+            let at = RAW_DATA + usize::from(raw);
+            let history = LogHistory {
+                table: r.try_get(at)?,
+                storage: r.try_get(at + 1)?,
+                started: r.try_get(at + 2)?,
+            };
+            Ok((logged_of(&r, raw)?, history))
+        })
         .fetch_all(conn)
-        .await?)
+        .await?;
+    let history = rows.first().map(|(_, h)| *h);
+    Ok(LogPage {
+        rows: rows.into_iter().map(|(e, _)| e).collect(),
+        history,
+    })
 }
+
+/// A page of the log and the history it was read from (`None` when empty).
+pub struct LogPage {
+    pub rows: Vec<LoggedEvent>,
+    pub history: Option<LogHistory>,
+}
+
+/// Which history of the log a read read; a reader's memory of where events
+/// lie holds within one. Read by the same statement as the events, so the
+/// two cannot disagree (asked in a statement of its own, a table replaced
+/// between the two went unnoticed).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LogHistory {
+    /// The events table's oid: new when the table or its database is
+    /// created again (a logical restore).
+    pub table: i64,
+    /// Its storage (`pg_relation_filenode`): new when the table is
+    /// truncated (a data-only restore around the append-only triggers),
+    /// or rewritten by `VACUUM FULL` or `CLUSTER` (then forgetting costs
+    /// only lookups).
+    pub storage: i64,
+    /// When the server started: new after a physical restore or a
+    /// failover.
+    pub started: DateTime<Utc>,
+}
+
+/// `LogHistory`'s columns, evaluated once per statement (each an initplan,
+/// under the statement's lock on the table it reads).
+const HISTORY_COLUMNS: &str = "e.tableoid::int8 AS log_table, \
+     (SELECT pg_relation_filenode('jobledger.events'))::int8 AS log_storage, \
+     (SELECT pg_postmaster_start_time()) AS log_started";
 
 /// `data`, or with `keys` only those top-level keys of it, as an object
 /// (`jsonb_build_object($5[1], data -> $5[1], …)`: the keys are bound in
@@ -334,18 +384,6 @@ fn data_keys_sql(data: &str, param: &str, keys: Option<&[&str]>) -> String {
         .map(|c| format!("jsonb_build_object({})", c.join(", ")))
         .collect::<Vec<_>>()
         .join(" || ")
-}
-
-/// Which history of the log this connection reads: the events table's oid
-/// (new when the table or its database is created again, as a logical
-/// restore does) and when the server started (new after a physical restore
-/// or a failover). A reader's memory of where events lie holds within one.
-pub async fn log_history(conn: &mut PgConnection) -> StoreResult<(i64, DateTime<Utc>)> {
-    Ok(
-        sqlx::query_as("SELECT 'jobledger.events'::regclass::oid::int8, pg_postmaster_start_time()")
-            .fetch_one(conn)
-            .await?,
-    )
 }
 
 /// Of the given `(job_id, version)` pairs, those whose event lies past the
