@@ -108,7 +108,22 @@ pub struct LogReader {
     /// Where this reader (and its clones) met each job's lowest and highest
     /// versions: spares `left_out` the probe of a version it has met.
     seen: Arc<Mutex<Seen>>,
+    hooks: ReaderHooks,
 }
+
+/// Test hooks: a gate between the steps of a read, so tests can force an
+/// interleaving without sleeps.
+#[derive(Clone, Default)]
+#[allow(clippy::type_complexity)]
+pub struct ReaderHooks {
+    /// Runs after a read's batch came back, before the versions it lacks
+    /// are looked up.
+    pub before_lookups: Option<Arc<dyn Fn() -> crate::worker::BoxFuture<()> + Send + Sync>>,
+}
+
+/// Reads in a row that found the log replaced between the batch and its
+/// lookups, before `read` gives up with `LedgerError::LogReplaced`.
+const READ_ATTEMPTS: usize = 3;
 
 fn to_projection_event(e: LogEvent) -> jobledger_projections::Event {
     jobledger_projections::Event {
@@ -218,6 +233,7 @@ impl LogReader {
             pool,
             name: name.to_string(),
             seen: Arc::default(),
+            hooks: ReaderHooks::default(),
         })
     }
 
@@ -230,7 +246,14 @@ impl LogReader {
             pool,
             name: String::new(),
             seen: Arc::default(),
+            hooks: ReaderHooks::default(),
         }
+    }
+
+    /// Test hooks between the steps of a read.
+    pub fn with_hooks(mut self, hooks: ReaderHooks) -> Self {
+        self.hooks = hooks;
+        self
     }
 
     pub fn name(&self) -> &str {
@@ -278,41 +301,73 @@ impl LogReader {
 
     async fn read_as(&self, after: Checkpoint, limit: i64, data: DataAs<'_>) -> LedgerResult<Batch> {
         let mut conn = self.pool.acquire().await?;
-        let page = readers::events_after(&mut conn, after.txid, after.position, limit, data).await?;
+        for _ in 0..READ_ATTEMPTS {
+            if let Some(batch) = self.read_once(&mut conn, after, limit, data).await? {
+                return Ok(batch);
+            }
+        }
+        Err(LedgerError::LogReplaced(READ_ATTEMPTS))
+    }
+
+    /// One read: `None` when the log was replaced between the batch and
+    /// the lookups of the versions it lacks (what the reader met is then
+    /// forgotten; the caller reads again).
+    async fn read_once(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        after: Checkpoint,
+        limit: i64,
+        data: DataAs<'_>,
+    ) -> LedgerResult<Option<Batch>> {
+        let page = readers::events_after(&mut *conn, after.txid, after.position, limit, data).await?;
         let (rows, history) = (page.rows, page.history);
         let (Some(last), Some(history)) = (rows.last(), history) else {
-            return Ok(Batch {
+            return Ok(Some(Batch {
                 next: after,
                 ..Batch::default()
-            });
+            }));
         };
         let next = Checkpoint {
             txid: last.txid,
             position: last.row.position,
         };
+        if let Some(hook) = &self.hooks.before_lookups {
+            hook().await;
+        }
         // Read as `events_after` reads them: a (job, version) comes with the
         // same data each time it comes.
-        let (early, probed) = left_out(&mut conn, after, next, &rows, data, &self.seen, history).await?;
+        let (early, probed) = left_out(&mut *conn, after, next, &rows, data, &self.seen, history).await?;
+        if probed > 0 {
+            // The lookups are statements of their own: they must have
+            // looked in the log the batch came from (a history never comes
+            // back, so the same one now means the same one throughout).
+            let now = readers::log_history(&mut *conn).await?;
+            if now != history {
+                self.seen().follow(now);
+                return Ok(None);
+            }
+        }
         let places = rows.iter().chain(&early);
-        self.seen
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .remember_read(
-                history,
-                places.map(|e| (e.row.job_id, e.row.version, (e.txid, e.row.position))),
-            );
+        self.seen().remember_read(
+            history,
+            places.map(|e| (e.row.job_id, e.row.version, (e.txid, e.row.position))),
+        );
         let n_early = early.len();
         let mut events: Vec<LogEvent> = early.into_iter().chain(rows).map(to_log).collect();
         // Per job in version order; a job's events keep their relative order
         // and jobs stay roughly in log order.
         events.sort_by_key(|e| (e.row.job_id, e.row.version));
         events.dedup_by_key(|e| (e.row.job_id, e.row.version));
-        Ok(Batch {
+        Ok(Some(Batch {
             events,
             next,
             early: n_early,
             probed,
-        })
+        }))
+    }
+
+    fn seen(&self) -> std::sync::MutexGuard<'_, Seen> {
+        self.seen.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// Whether committed events lie past `at`. An empty batch does not say

@@ -8,8 +8,11 @@ mod common;
 
 use common::reading::{drain, drain_probed, early_xid_trap};
 use common::{fresh, TestDb};
-use jobledger::reader::{Checkpoint, LogEvent, LogReader};
+use jobledger::ledger::LedgerError;
+use jobledger::reader::{Checkpoint, LogEvent, LogReader, ReaderHooks};
 use serde_json::json;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use uuid::Uuid;
 
 fn versions(events: &[LogEvent]) -> Vec<(Uuid, i64)> {
@@ -229,4 +232,110 @@ async fn a_reader_forgets_what_it_met_when_the_log_is_truncated_and_loaded_again
     let fresh_read = stranger.read(at_v1, 1).await.unwrap();
     assert_eq!(versions(&fresh_read.events), vec![(j, 2), (j, 3)]);
     assert_eq!(versions(&met.events), vec![(j, 2), (j, 3)], "v2 early, then v3");
+}
+
+/// Loads `public.kept_events` into the log in place of what it holds,
+/// around the append-only triggers.
+async fn load_kept_events(pool: &sqlx::PgPool) {
+    let mut repair = pool.acquire().await.unwrap();
+    for sql in [
+        "SET session_replication_role = replica",
+        "TRUNCATE jobledger.events",
+        "INSERT INTO jobledger.events OVERRIDING SYSTEM VALUE SELECT * FROM public.kept_events",
+        "RESET session_replication_role",
+    ] {
+        sqlx::query(sql).execute(&mut *repair).await.unwrap();
+    }
+}
+
+/// A hook that loads the kept events at each of its first `times` calls,
+/// and counts its calls.
+fn replacing_hook(pool: &sqlx::PgPool, times: usize) -> (ReaderHooks, Arc<AtomicUsize>) {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let (pool, counted) = (pool.clone(), calls.clone());
+    let hook = move || {
+        let (pool, n) = (pool.clone(), counted.fetch_add(1, Ordering::SeqCst));
+        Box::pin(async move {
+            if n < times {
+                load_kept_events(&pool).await;
+            }
+        }) as jobledger::worker::BoxFuture<()>
+    };
+    let hooks = ReaderHooks {
+        before_lookups: Some(Arc::new(hook)),
+    };
+    (hooks, calls)
+}
+
+/// The log replaced between a read's batch and its lookups: the batch
+/// (J v3) came from the log before, whose J v2 lay past its end; the lookup
+/// looked in the new log, which has no J v2 there. The read is made again
+/// on the new log instead of handing out J v3 without v2 (review,
+/// helper-56: a table swapped during one read went unnoticed).
+#[tokio::test]
+async fn a_log_replaced_between_a_batch_and_its_lookups_is_read_again() {
+    let db = fresh().await;
+    let pool = db.ledger.pool();
+    let j = db.enqueue(None, json!({})).await.job_id;
+    let (txid, position): (i64, i64) =
+        sqlx::query_as("SELECT txid::text::bigint, position FROM jobledger.events WHERE job_id = $1")
+            .bind(j)
+            .fetch_one(pool)
+            .await
+            .unwrap();
+    let at_v1 = Checkpoint { txid, position };
+    // Trap 2 on J: T1 takes its xid, J v2 commits, T1 appends v3.
+    let mut t1 = pool.begin().await.unwrap();
+    sqlx::query("SELECT pg_current_xact_id()")
+        .execute(&mut *t1)
+        .await
+        .unwrap();
+    db.ledger.observe(j, None, "a", json!({}), "w").await.unwrap();
+    db.ledger
+        .observe_in(&mut t1, j, None, "b", json!({}), "w")
+        .await
+        .unwrap();
+    t1.commit().await.unwrap();
+    // The new log: J v2's row becomes K v1, in T1's transaction, before
+    // J v3.
+    let k = Uuid::new_v4();
+    sqlx::query("CREATE TABLE public.kept_events AS SELECT * FROM jobledger.events")
+        .execute(pool)
+        .await
+        .unwrap();
+    sqlx::query(
+        "UPDATE public.kept_events SET job_id = $2, version = 1, epoch = epoch + 1000000, \
+         txid = (SELECT txid FROM jobledger.events WHERE job_id = $1 AND version = 3) \
+         WHERE job_id = $1 AND version = 2",
+    )
+    .bind(j)
+    .bind(k)
+    .execute(pool)
+    .await
+    .unwrap();
+
+    let (hooks, calls) = replacing_hook(pool, 1);
+    let reader = LogReader::source(pool.clone()).with_hooks(hooks);
+    let met = reader.read(at_v1, 1).await.unwrap();
+    let stranger = LogReader::source(pool.clone());
+    let fresh_read = stranger.read(at_v1, 1).await.unwrap();
+    assert_eq!(versions(&fresh_read.events), vec![(k, 1)]);
+    assert_eq!(versions(&met.events), vec![(k, 1)], "the new log's batch");
+    assert_eq!(calls.load(Ordering::SeqCst), 2, "read twice");
+
+    // Replaced at every read: the reader gives up after a few.
+    sqlx::query(
+        "UPDATE public.kept_events SET job_id = $1, version = 2, epoch = epoch - 1000000 WHERE job_id = $2",
+    )
+    .bind(j)
+    .bind(k)
+    .execute(pool)
+    .await
+    .unwrap();
+    let (hooks, calls) = replacing_hook(pool, usize::MAX);
+    let reader = LogReader::source(pool.clone()).with_hooks(hooks);
+    load_kept_events(pool).await;
+    let err = reader.read(at_v1, 1).await.unwrap_err();
+    assert!(matches!(err, LedgerError::LogReplaced(3)), "{err}");
+    assert_eq!(calls.load(Ordering::SeqCst), 3);
 }

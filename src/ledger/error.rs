@@ -19,6 +19,11 @@ pub enum LedgerError {
     },
     #[error("job {0} not found")]
     NotFound(Uuid),
+    /// The events table was replaced (restored, truncated and loaded
+    /// again) between a read's batch and its lookups, this many reads in a
+    /// row: read again once the repair is over.
+    #[error("the event log was replaced during {0} reads in a row; read again once it is settled")]
+    LogReplaced(usize),
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -48,7 +53,11 @@ impl LedgerError {
     }
 
     pub fn is_retryable(&self) -> bool {
-        matches!(self, LedgerError::Store(e) if e.is_retryable())
+        match self {
+            LedgerError::Store(e) => e.is_retryable(),
+            LedgerError::LogReplaced(_) => true,
+            _ => false,
+        }
     }
 }
 

@@ -57,6 +57,7 @@ impl From<LedgerError> for ApiError {
             LedgerError::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             LedgerError::KeyConflict { .. } => StatusCode::CONFLICT,
             LedgerError::NotFound(_) => StatusCode::NOT_FOUND,
+            LedgerError::LogReplaced(_) => StatusCode::SERVICE_UNAVAILABLE,
             // Text PostgreSQL cannot store (U+0000) that slipped past the
             // checks: the client's input, so a 400, never a 500.
             LedgerError::Store(s) if s.sqlstate().as_deref() == Some("22021") => {

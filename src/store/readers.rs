@@ -355,6 +355,22 @@ pub struct LogHistory {
     pub started: DateTime<Utc>,
 }
 
+/// The history of the log a statement run now reads (`events_after` reads
+/// it with its events).
+pub async fn log_history(conn: &mut PgConnection) -> StoreResult<LogHistory> {
+    let (table, storage, started) = sqlx::query_as(
+        "SELECT 'jobledger.events'::regclass::oid::int8, \
+         pg_relation_filenode('jobledger.events')::int8, pg_postmaster_start_time()",
+    )
+    .fetch_one(conn)
+    .await?;
+    Ok(LogHistory {
+        table,
+        storage,
+        started,
+    })
+}
+
 /// `LogHistory`'s columns, evaluated once per statement (each an initplan,
 /// under the statement's lock on the table it reads).
 const HISTORY_COLUMNS: &str = "e.tableoid::int8 AS log_table, \
