@@ -309,8 +309,9 @@ impl LogReader {
         Err(LedgerError::LogReplaced(READ_ATTEMPTS))
     }
 
-    /// One read: `None` when the log was replaced between the batch and
-    /// the lookups of the versions it lacks (what the reader met is then
+    /// One read: `None` when the log is of another history than the one
+    /// the reader's memory is of, or was replaced between the batch and the
+    /// lookups of the versions it lacks (what the reader met is then
     /// forgotten; the caller reads again).
     async fn read_once(
         &self,
@@ -319,9 +320,24 @@ impl LogReader {
         limit: i64,
         data: DataAs<'_>,
     ) -> LedgerResult<Option<Batch>> {
-        let page = readers::events_after(&mut *conn, after.txid, after.position, limit, data).await?;
-        let (rows, history) = (page.rows, page.history);
-        let (Some(last), Some(history)) = (rows.last(), history) else {
+        // Read only from the history the reader's memory is of (a new
+        // reader asks first): the batch is then of that history, checked in
+        // its own statement.
+        let known = self.seen().history;
+        let history = match known {
+            Some(h) => h,
+            None => readers::log_history(&mut *conn).await?,
+        };
+        self.seen().follow(history);
+        let rows =
+            readers::events_after(&mut *conn, after.txid, after.position, limit, data, Some(history)).await?;
+        let Some(last) = rows.last() else {
+            // Nothing, or another history: an idle poll asks which.
+            let now = readers::log_history(&mut *conn).await?;
+            if now != history {
+                self.seen().follow(now);
+                return Ok(None);
+            }
             return Ok(Some(Batch {
                 next: after,
                 ..Batch::default()
@@ -339,8 +355,9 @@ impl LogReader {
         let (early, probed) = left_out(&mut *conn, after, next, &rows, data, &self.seen, history).await?;
         if probed > 0 {
             // The lookups are statements of their own: they must have
-            // looked in the log the batch came from (a history never comes
-            // back, so the same one now means the same one throughout).
+            // looked in the log the batch came from. (A table swapped out and
+            // back by renames between the two passes for the same history:
+            // a repair under the log, docs/log-reader.md.)
             let now = readers::log_history(&mut *conn).await?;
             if now != history {
                 self.seen().follow(now);

@@ -190,9 +190,9 @@ impl Ledger {
                     keys: None,
                     hashes: true,
                 },
+                None,
             )
-            .await?
-            .rows;
+            .await?;
             if page.is_empty() {
                 break;
             }

@@ -28,12 +28,12 @@ struct Ends {
 /// "Never changes" holds within one history of the database: restored from
 /// a backup, created again, truncated and loaded again, or failed over
 /// under a running process, the log may hold other events at the places
-/// remembered, so each read names the history it read (`LogHistory`, from
-/// the read's own statement) and a new one forgets all. Rows deleted or
-/// written again in place around the append-only triggers keep the
-/// history, and so does a table replaced between a read and its lookups of
-/// versions handed out early: stop the readers for such a repair, as for
-/// any process holding log positions in memory (docs/log-reader.md).
+/// remembered. So a read reads only from the history the memory is of
+/// (`readers::LogHistory`, checked in the read's own statement), and a new
+/// one forgets all. Rows deleted or written again in place around the
+/// append-only triggers keep the history: stop the readers for such a
+/// repair, as for any process holding log positions in memory
+/// (docs/log-reader.md).
 #[derive(Default)]
 pub(super) struct Seen {
     jobs: HashMap<Uuid, Ends>,
