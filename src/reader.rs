@@ -121,8 +121,10 @@ pub struct ReaderHooks {
     pub before_lookups: Option<Arc<dyn Fn() -> crate::worker::BoxFuture<()> + Send + Sync>>,
 }
 
-/// Reads in a row that found the log replaced between the batch and its
-/// lookups, before `read` gives up with `LedgerError::LogReplaced`.
+/// Reads in a row that found the log of another history than the one they
+/// started from (before the batch: a reader idle across a restore uses one;
+/// or between the batch and its lookups), before `read` gives up with
+/// `LedgerError::LogReplaced`.
 const READ_ATTEMPTS: usize = 3;
 
 fn to_projection_event(e: LogEvent) -> jobledger_projections::Event {
@@ -184,15 +186,18 @@ async fn left_out(
     let (mut jobs, mut missing) = (vec![], vec![]);
     let mut lowest: HashMap<Uuid, i64> = HashMap::new();
     {
-        let mut seen = seen.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        seen.follow(history);
+        let seen = seen.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        // Memory of another history (a clone met a newer one meanwhile, or
+        // this read is of an older one) answers nothing, and is left as it
+        // is: a read of an older history must not wipe a newer one's.
+        let ours = seen.history == Some(history);
         for (id, mut vs) in versions {
             vs.sort_unstable();
             // Not past the end if this reader met it at or before the end
             // (then this batch or an earlier one held it): in a rebuild,
             // nearly every job's version below the lowest.
             let below = vs[0] - 1;
-            if below > 0 && seen.at(&id, below).is_none_or(|at| at > end) {
+            if below > 0 && (!ours || seen.at(&id, below).is_none_or(|at| at > end)) {
                 jobs.push(id);
                 missing.push(below);
                 lowest.insert(id, vs[0]);
@@ -326,9 +331,16 @@ impl LogReader {
         let known = self.seen().history;
         let history = match known {
             Some(h) => h,
-            None => readers::log_history(&mut *conn).await?,
+            None => {
+                let h = readers::log_history(&mut *conn).await?;
+                let mut seen = self.seen();
+                // (Unless a clone has met one meanwhile.)
+                if seen.history.is_none() {
+                    seen.follow(h);
+                }
+                h
+            }
         };
-        self.seen().follow(history);
         let rows =
             readers::events_after(&mut *conn, after.txid, after.position, limit, data, Some(history)).await?;
         let Some(last) = rows.last() else {

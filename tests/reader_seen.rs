@@ -339,3 +339,75 @@ async fn a_log_replaced_between_a_batch_and_its_lookups_is_read_again() {
     assert!(matches!(err, LedgerError::LogReplaced(3)), "{err}");
     assert_eq!(calls.load(Ordering::SeqCst), 3);
 }
+
+/// Clones share their memory. While clone A's batch (J v3, of the log
+/// before) waits for its lookups, the log is replaced and clone R reads the
+/// new one, meeting J v2 at or before A's end. That memory is of another
+/// history than A's batch: it must not spare A's lookup of v2 (review,
+/// helper-58: with it, A handed out J v3 alone and never checked the
+/// history again, as it had looked nothing up).
+#[tokio::test]
+async fn a_clones_memory_of_another_history_spares_no_lookup() {
+    let db = fresh().await;
+    let pool = db.ledger.pool();
+    let j = db.enqueue(None, json!({})).await.job_id;
+    let (txid, position): (i64, i64) =
+        sqlx::query_as("SELECT txid::text::bigint, position FROM jobledger.events WHERE job_id = $1")
+            .bind(j)
+            .fetch_one(pool)
+            .await
+            .unwrap();
+    let at_v1 = Checkpoint { txid, position };
+    // Trap 2 on J: T1 takes its xid, J v2 commits, T1 appends v3.
+    let mut t1 = pool.begin().await.unwrap();
+    sqlx::query("SELECT pg_current_xact_id()")
+        .execute(&mut *t1)
+        .await
+        .unwrap();
+    db.ledger.observe(j, None, "a", json!({}), "w").await.unwrap();
+    db.ledger
+        .observe_in(&mut t1, j, None, "b", json!({}), "w")
+        .await
+        .unwrap();
+    t1.commit().await.unwrap();
+    // The new log: J v2 in v1's transaction, before A's end.
+    sqlx::query("CREATE TABLE public.kept_events AS SELECT * FROM jobledger.events")
+        .execute(pool)
+        .await
+        .unwrap();
+    sqlx::query(
+        "UPDATE public.kept_events \
+         SET txid = (SELECT txid FROM jobledger.events WHERE job_id = $1 AND version = 1) \
+         WHERE job_id = $1 AND version = 2",
+    )
+    .bind(j)
+    .execute(pool)
+    .await
+    .unwrap();
+
+    let r = LogReader::source(pool.clone());
+    let (hook_pool, hook_r) = (pool.clone(), r.clone());
+    let calls = Arc::new(AtomicUsize::new(0));
+    let counted = calls.clone();
+    let hook = move || {
+        let (pool, r) = (hook_pool.clone(), hook_r.clone());
+        let n = counted.fetch_add(1, Ordering::SeqCst);
+        Box::pin(async move {
+            if n == 0 {
+                load_kept_events(&pool).await;
+                let met = r.read(Checkpoint::default(), 2).await.unwrap();
+                assert_eq!(versions(&met.events), vec![(j, 1), (j, 2)]);
+            }
+        }) as jobledger::worker::BoxFuture<()>
+    };
+    let hooks = ReaderHooks {
+        before_lookups: Some(Arc::new(hook)),
+    };
+    let a = r.clone().with_hooks(hooks);
+    let got = a.read(at_v1, 1).await.unwrap();
+    assert_eq!(versions(&got.events), vec![(j, 2)], "the new log's batch");
+    assert_eq!(calls.load(Ordering::SeqCst), 2, "read again");
+    // A's read of the older log left R's memory of the new one as it was:
+    // J v1, met before the batch, is not looked up again.
+    assert_eq!(got.probed, 0, "R's memory of the new log was kept");
+}

@@ -20,9 +20,12 @@ pub enum LedgerError {
     #[error("job {0} not found")]
     NotFound(Uuid),
     /// The events table was replaced (restored, truncated and loaded
-    /// again) between a read's batch and its lookups, this many reads in a
-    /// row: read again once the repair is over.
-    #[error("the event log was replaced during {0} reads in a row; read again once it is settled")]
+    /// again) during or just before this many reads in a row (each found a
+    /// history of the log other than the one it started from): read again
+    /// once the repair is over.
+    #[error(
+        "the event log was replaced during or just before {0} reads in a row; read again once it is settled"
+    )]
     LogReplaced(usize),
     #[error(transparent)]
     Store(#[from] StoreError),
