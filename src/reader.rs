@@ -26,10 +26,10 @@ use uuid::Uuid;
 
 use crate::domain::Event;
 use crate::ledger::{LedgerError, LedgerResult};
-use crate::store::readers::{self, DataAs, LoggedEvent};
+use crate::store::readers::{self, DataAs, LogHistory, LoggedEvent};
 
 mod seen;
-use seen::{History, Seen};
+use seen::Seen;
 
 /// Everything at or before `(txid, position)` in the reader's order was handled.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Serialize)]
@@ -176,7 +176,7 @@ async fn left_out(
     rows: &[LoggedEvent],
     data: DataAs<'_>,
     seen: &Mutex<Seen>,
-    history: History,
+    history: LogHistory,
 ) -> LedgerResult<(Vec<LoggedEvent>, usize)> {
     let mut versions: HashMap<Uuid, Vec<i64>> = HashMap::new();
     for r in rows {
@@ -186,18 +186,16 @@ async fn left_out(
     let (mut jobs, mut missing) = (vec![], vec![]);
     let mut lowest: HashMap<Uuid, i64> = HashMap::new();
     {
+        // Only read: a read of an older history must not wipe a newer one's
+        // memory (`Seen::at` answers nothing of another history).
         let seen = seen.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        // Memory of another history (a clone met a newer one meanwhile, or
-        // this read is of an older one) answers nothing, and is left as it
-        // is: a read of an older history must not wipe a newer one's.
-        let ours = seen.history == Some(history);
         for (id, mut vs) in versions {
             vs.sort_unstable();
             // Not past the end if this reader met it at or before the end
             // (then this batch or an earlier one held it): in a rebuild,
             // nearly every job's version below the lowest.
             let below = vs[0] - 1;
-            if below > 0 && (!ours || seen.at(&id, below).is_none_or(|at| at > end)) {
+            if below > 0 && seen.at(history, &id, below).is_none_or(|at| at > end) {
                 jobs.push(id);
                 missing.push(below);
                 lowest.insert(id, vs[0]);
@@ -345,9 +343,7 @@ impl LogReader {
             readers::events_after(&mut *conn, after.txid, after.position, limit, data, Some(history)).await?;
         let Some(last) = rows.last() else {
             // Nothing, or another history: an idle poll asks which.
-            let now = readers::log_history(&mut *conn).await?;
-            if now != history {
-                self.seen().follow(now);
+            if self.replaced(conn, history).await? {
                 return Ok(None);
             }
             return Ok(Some(Batch {
@@ -365,16 +361,12 @@ impl LogReader {
         // Read as `events_after` reads them: a (job, version) comes with the
         // same data each time it comes.
         let (early, probed) = left_out(&mut *conn, after, next, &rows, data, &self.seen, history).await?;
-        if probed > 0 {
-            // The lookups are statements of their own: they must have
-            // looked in the log the batch came from. (A table swapped out and
-            // back by renames between the two passes for the same history:
-            // a repair under the log, docs/log-reader.md.)
-            let now = readers::log_history(&mut *conn).await?;
-            if now != history {
-                self.seen().follow(now);
-                return Ok(None);
-            }
+        // The lookups are statements of their own: they must have looked in
+        // the log the batch came from. (A table swapped out and back by
+        // renames between the two passes for the same history: a repair
+        // under the log, docs/log-reader.md.)
+        if probed > 0 && self.replaced(conn, history).await? {
+            return Ok(None);
         }
         let places = rows.iter().chain(&early);
         self.seen().remember_read(
@@ -393,6 +385,17 @@ impl LogReader {
             early: n_early,
             probed,
         }))
+    }
+
+    /// Whether the log is now of another history than `history`; if so,
+    /// the reader forgets what it met and follows the new one.
+    async fn replaced(&self, conn: &mut sqlx::PgConnection, history: LogHistory) -> LedgerResult<bool> {
+        let now = readers::log_history(conn).await?;
+        if now == history {
+            return Ok(false);
+        }
+        self.seen().follow(now);
+        Ok(true)
     }
 
     fn seen(&self) -> std::sync::MutexGuard<'_, Seen> {

@@ -5,6 +5,8 @@
 use std::collections::HashMap;
 use uuid::Uuid;
 
+use crate::store::readers::LogHistory;
+
 /// Where the reader met a job's lowest and highest versions, in its order
 /// `(txid, position)`. The lowest answers a pass that starts again from an
 /// earlier checkpoint (a rebuild through a reader that has read the log: a
@@ -37,11 +39,8 @@ struct Ends {
 #[derive(Default)]
 pub(super) struct Seen {
     jobs: HashMap<Uuid, Ends>,
-    pub(super) history: Option<History>,
+    pub(super) history: Option<LogHistory>,
 }
-
-/// The history a read read (`readers::LogHistory`).
-pub(super) type History = crate::store::readers::LogHistory;
 
 /// A rebuild of a 1,000,000-event log meets about 333,000 jobs, enqueued
 /// long before they are claimed: they all fit. Seven eighths of 2^19, so
@@ -51,15 +50,20 @@ const SEEN_JOBS: usize = 7 << 16;
 
 impl Seen {
     /// Forgets everything remembered of another history than `history`.
-    pub(super) fn follow(&mut self, history: History) {
+    pub(super) fn follow(&mut self, history: LogHistory) {
         if self.history != Some(history) {
             self.jobs = HashMap::new();
             self.history = Some(history);
         }
     }
 
-    /// Where the reader met `version` of `job`, if it remembers.
-    pub(super) fn at(&self, job: &Uuid, version: i64) -> Option<(i64, i64)> {
+    /// Where the reader met `version` of `job` in `history`, if it
+    /// remembers. Memory of another history (a clone met a newer one
+    /// meanwhile, or the asking read is of an older one) answers nothing.
+    pub(super) fn at(&self, history: LogHistory, job: &Uuid, version: i64) -> Option<(i64, i64)> {
+        if self.history != Some(history) {
+            return None;
+        }
         let ends = self.jobs.get(job)?;
         let version = u32::try_from(version).ok()?;
         if ends.low == version {
@@ -76,7 +80,7 @@ impl Seen {
     /// primary after a failover): they are not of it.
     pub(super) fn remember_read(
         &mut self,
-        history: History,
+        history: LogHistory,
         places: impl Iterator<Item = (Uuid, i64, (i64, i64))>,
     ) {
         if self.history != Some(history) {
@@ -124,62 +128,80 @@ mod tests {
         (v, 10 * v)
     }
 
-    #[test]
-    fn seen_keeps_each_jobs_lowest_and_highest_version() {
-        let mut seen = Seen::default();
-        let job = Uuid::new_v4();
-        seen.remember(job, 2, at(2));
-        seen.remember(job, 3, at(3));
-        seen.remember(job, 1, at(1));
-        assert_eq!(seen.at(&job, 1), Some(at(1)));
-        assert_eq!(seen.at(&job, 3), Some(at(3)));
-        assert_eq!(seen.at(&job, 2), None, "neither end: looked up");
-        seen.remember(job, 4, at(4));
-        assert_eq!(seen.at(&job, 4), Some(at(4)));
-        assert_eq!(seen.at(&job, 3), None);
-        assert_eq!(seen.at(&Uuid::new_v4(), 1), None);
-        let huge = i64::from(u32::MAX) + 1;
-        seen.remember(job, huge, at(5));
-        assert_eq!(seen.at(&job, huge), None, "past u32: not remembered");
-        assert_eq!(seen.at(&job, 4), Some(at(4)));
-    }
-
-    fn history(table: i64, storage: i64, started: DateTime<Utc>) -> History {
-        History {
+    fn history(table: i64, storage: i64, started: DateTime<Utc>) -> LogHistory {
+        LogHistory {
             table,
             storage,
             started,
         }
     }
 
+    /// The history the tests of one history read.
+    fn h0() -> LogHistory {
+        history(1, 1, DateTime::<Utc>::UNIX_EPOCH)
+    }
+
+    fn of_h0() -> Seen {
+        let mut seen = Seen::default();
+        seen.follow(h0());
+        seen
+    }
+
+    #[test]
+    fn seen_keeps_each_jobs_lowest_and_highest_version() {
+        let mut seen = of_h0();
+        let job = Uuid::new_v4();
+        seen.remember(job, 2, at(2));
+        seen.remember(job, 3, at(3));
+        seen.remember(job, 1, at(1));
+        assert_eq!(seen.at(h0(), &job, 1), Some(at(1)));
+        assert_eq!(seen.at(h0(), &job, 3), Some(at(3)));
+        assert_eq!(seen.at(h0(), &job, 2), None, "neither end: looked up");
+        seen.remember(job, 4, at(4));
+        assert_eq!(seen.at(h0(), &job, 4), Some(at(4)));
+        assert_eq!(seen.at(h0(), &job, 3), None);
+        assert_eq!(seen.at(h0(), &Uuid::new_v4(), 1), None);
+        let huge = i64::from(u32::MAX) + 1;
+        seen.remember(job, huge, at(5));
+        assert_eq!(seen.at(h0(), &job, huge), None, "past u32: not remembered");
+        assert_eq!(seen.at(h0(), &job, 4), Some(at(4)));
+    }
+
     #[test]
     fn another_history_forgets_everything() {
         let mut seen = Seen::default();
         let (job, start) = (Uuid::new_v4(), DateTime::<Utc>::UNIX_EPOCH);
-        seen.follow(history(1, 1, start));
+        let (h, table, storage) = (history(1, 1, start), history(2, 1, start), history(2, 2, start));
+        seen.follow(h);
         seen.remember(job, 2, at(2));
-        seen.follow(history(1, 1, start));
-        assert!(seen.at(&job, 2).is_some(), "the same history keeps it");
-        seen.follow(history(2, 1, start));
-        assert!(seen.at(&job, 2).is_none(), "another table forgets it");
+        seen.follow(h);
+        assert!(seen.at(h, &job, 2).is_some(), "the same history keeps it");
+        // Asked of another history, it answers nothing and keeps it.
+        assert!(seen.at(table, &job, 2).is_none(), "of another history");
+        assert!(seen.at(h, &job, 2).is_some(), "kept");
+        seen.follow(table);
+        assert!(seen.at(table, &job, 2).is_none(), "another table forgets it");
         seen.remember(job, 2, at(2));
-        seen.follow(history(2, 2, start));
-        assert!(seen.at(&job, 2).is_none(), "another storage forgets it");
+        seen.follow(storage);
+        assert!(seen.at(storage, &job, 2).is_none(), "another storage forgets it");
         seen.remember(job, 2, at(2));
-        let later = start + chrono::Duration::seconds(1);
-        seen.follow(history(2, 2, later));
-        assert!(seen.at(&job, 2).is_none(), "another server start forgets it");
-        assert_eq!(seen.history, Some(history(2, 2, later)));
+        let later = history(2, 2, start + chrono::Duration::seconds(1));
+        seen.follow(later);
+        assert!(
+            seen.at(later, &job, 2).is_none(),
+            "another server start forgets it"
+        );
+        assert_eq!(seen.history, Some(later));
         // A read of the history before, ending after the change: not kept.
-        seen.remember_read(history(2, 2, start), [(job, 3, at(3))].into_iter());
-        assert!(seen.at(&job, 3).is_none(), "a place of another history");
-        seen.remember_read(history(2, 2, later), [(job, 3, at(3))].into_iter());
-        assert_eq!(seen.at(&job, 3), Some(at(3)));
+        seen.remember_read(storage, [(job, 3, at(3))].into_iter());
+        assert!(seen.at(later, &job, 3).is_none(), "a place of another history");
+        seen.remember_read(later, [(job, 3, at(3))].into_iter());
+        assert_eq!(seen.at(later, &job, 3), Some(at(3)));
     }
 
     #[test]
     fn a_full_memory_starts_again() {
-        let mut seen = Seen::default();
+        let mut seen = of_h0();
         let first = Uuid::new_v4();
         seen.remember(first, 1, at(1));
         for _ in 1..SEEN_JOBS {
@@ -187,12 +209,12 @@ mod tests {
         }
         // Full: a job it has still moves; a new one starts it again.
         seen.remember(first, 2, at(2));
-        assert_eq!(seen.at(&first, 2), Some(at(2)));
+        assert_eq!(seen.at(h0(), &first, 2), Some(at(2)));
         assert_eq!(seen.jobs.len(), SEEN_JOBS);
         let next = Uuid::new_v4();
         seen.remember(next, 1, at(1));
-        assert_eq!(seen.at(&first, 1), None, "forgotten");
-        assert_eq!(seen.at(&next, 1), Some(at(1)));
+        assert_eq!(seen.at(h0(), &first, 1), None, "forgotten");
+        assert_eq!(seen.at(h0(), &next, 1), Some(at(1)));
         assert_eq!(seen.jobs.len(), 1);
     }
 }
