@@ -26,6 +26,48 @@ async fn work_all(db: &TestDb, jobs: usize) {
     }
 }
 
+/// Where `version` of `job` lies in the log, as a checkpoint.
+async fn place(pool: &sqlx::PgPool, job: Uuid, version: i64) -> Checkpoint {
+    let (txid, position) = sqlx::query_as(
+        "SELECT txid::text::bigint, position FROM jobledger.events WHERE job_id = $1 AND version = $2",
+    )
+    .bind(job)
+    .bind(version)
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    Checkpoint { txid, position }
+}
+
+/// Trap 2 on J at v1: T1 takes its xid, J v2 commits, T1 appends v3 (with
+/// the smaller txid, before v2 in log order).
+async fn small_xid_trap(db: &TestDb, j: Uuid) {
+    let mut t1 = db.ledger.pool().begin().await.unwrap();
+    sqlx::query("SELECT pg_current_xact_id()")
+        .execute(&mut *t1)
+        .await
+        .unwrap();
+    db.ledger.observe(j, None, "a", json!({}), "w").await.unwrap();
+    db.ledger
+        .observe_in(&mut t1, j, None, "b", json!({}), "w")
+        .await
+        .unwrap();
+    t1.commit().await.unwrap();
+}
+
+/// Keeps a copy of each of the `tables` (`public.kept_<table>`), to load
+/// again with `load_kept`.
+async fn keep(pool: &sqlx::PgPool, tables: &[&str]) {
+    for table in tables {
+        sqlx::query(&format!(
+            "CREATE TABLE public.kept_{table} AS SELECT * FROM jobledger.{table}"
+        ))
+        .execute(pool)
+        .await
+        .unwrap();
+    }
+}
+
 #[tokio::test]
 async fn a_reader_that_met_each_jobs_predecessor_looks_none_up() {
     let db = fresh().await;
@@ -74,17 +116,7 @@ async fn a_version_met_past_a_batchs_end_is_still_handed_out_early() {
     let db = fresh().await;
     let reader = LogReader::source(db.ledger.pool().clone());
     let (j, _, cp) = early_xid_trap(&db, &reader).await;
-    let (v4_txid, v4_position): (i64, i64) = sqlx::query_as(
-        "SELECT txid::text::bigint, position FROM jobledger.events WHERE job_id = $1 AND version = 4",
-    )
-    .bind(j.job_id)
-    .fetch_one(db.ledger.pool())
-    .await
-    .unwrap();
-    let past_v4 = Checkpoint {
-        txid: v4_txid,
-        position: v4_position,
-    };
+    let past_v4 = place(db.ledger.pool(), j.job_id, 4).await;
     let (tail, _) = drain(&reader, past_v4, 100).await;
     assert_eq!(versions(&tail), vec![(j.job_id, 3)], "the reader met v3 alone");
 
@@ -136,25 +168,8 @@ async fn a_reader_forgets_what_it_met_when_the_database_is_restored() {
     std::fs::remove_file(&dump).unwrap();
 
     // A consumer whose checkpoint was restored with the log is back at J v1.
-    let (txid, position): (i64, i64) =
-        sqlx::query_as("SELECT txid::text::bigint, position FROM jobledger.events WHERE job_id = $1")
-            .bind(j)
-            .fetch_one(db.ledger.pool())
-            .await
-            .unwrap();
-    let at_v1 = Checkpoint { txid, position };
-    // Trap 2 on J: T1 takes its xid, J's new v2 commits, T1 appends v3.
-    let mut t1 = db.ledger.pool().begin().await.unwrap();
-    sqlx::query("SELECT pg_current_xact_id()")
-        .execute(&mut *t1)
-        .await
-        .unwrap();
-    db.ledger.observe(j, None, "a", json!({}), "w").await.unwrap();
-    db.ledger
-        .observe_in(&mut t1, j, None, "b", json!({}), "w")
-        .await
-        .unwrap();
-    t1.commit().await.unwrap();
+    let at_v1 = place(db.ledger.pool(), j, 1).await;
+    small_xid_trap(&db, j).await;
 
     let met = reader.read(at_v1, 1).await.unwrap();
     let stranger = LogReader::source(db.ledger.pool().clone());
@@ -173,18 +188,26 @@ async fn a_reader_forgets_what_it_met_when_the_log_is_truncated_and_loaded_again
     let pool = db.ledger.pool();
     let reader = LogReader::source(pool.clone());
     let j = db.enqueue(None, json!({})).await.job_id;
-    for table in ["events", "jobs"] {
-        sqlx::query(&format!(
-            "CREATE TABLE public.kept_{table} AS SELECT * FROM jobledger.{table}"
-        ))
-        .execute(pool)
-        .await
-        .unwrap();
-    }
+    keep(pool, &["events", "jobs"]).await;
     db.ledger.observe(j, None, "lost", json!({}), "w").await.unwrap(); // J v2, not kept
     let (before, _) = drain(&reader, Checkpoint::default(), 100).await;
     assert_eq!(versions(&before), vec![(j, 1), (j, 2)]);
 
+    load_kept(pool, true).await;
+
+    let at_v1 = place(pool, j, 1).await;
+    small_xid_trap(&db, j).await;
+
+    let met = reader.read(at_v1, 1).await.unwrap();
+    let stranger = LogReader::source(pool.clone());
+    let fresh_read = stranger.read(at_v1, 1).await.unwrap();
+    assert_eq!(versions(&fresh_read.events), vec![(j, 2), (j, 3)]);
+    assert_eq!(versions(&met.events), vec![(j, 2), (j, 3)], "v2 early, then v3");
+}
+
+/// Loads the kept events (and with `jobs` the kept jobs) in place of what
+/// the tables hold, around the append-only triggers.
+async fn load_kept(pool: &sqlx::PgPool, jobs: bool) {
     // The jobs' generated columns are computed again, not copied.
     let job_columns: String = sqlx::query_scalar(
         "SELECT string_agg(quote_ident(column_name), ', ' ORDER BY ordinal_position) \
@@ -194,77 +217,50 @@ async fn a_reader_forgets_what_it_met_when_the_log_is_truncated_and_loaded_again
     .fetch_one(pool)
     .await
     .unwrap();
-    let mut repair = pool.acquire().await.unwrap();
-    for sql in [
+    let mut sql = vec![
         "SET session_replication_role = replica".to_string(),
         "TRUNCATE jobledger.events".to_string(),
         "INSERT INTO jobledger.events OVERRIDING SYSTEM VALUE SELECT * FROM public.kept_events".to_string(),
-        "DELETE FROM jobledger.jobs".to_string(),
-        format!("INSERT INTO jobledger.jobs ({job_columns}) SELECT {job_columns} FROM public.kept_jobs"),
-        "RESET session_replication_role".to_string(),
-    ] {
+    ];
+    if jobs {
+        sql.push("DELETE FROM jobledger.jobs".to_string());
+        sql.push(format!(
+            "INSERT INTO jobledger.jobs ({job_columns}) SELECT {job_columns} FROM public.kept_jobs"
+        ));
+    }
+    sql.push("RESET session_replication_role".to_string());
+    let mut repair = pool.acquire().await.unwrap();
+    for sql in sql {
         sqlx::query(&sql).execute(&mut *repair).await.unwrap();
     }
-    drop(repair);
-
-    let (txid, position): (i64, i64) =
-        sqlx::query_as("SELECT txid::text::bigint, position FROM jobledger.events WHERE job_id = $1")
-            .bind(j)
-            .fetch_one(pool)
-            .await
-            .unwrap();
-    let at_v1 = Checkpoint { txid, position };
-    // Trap 2 on J: T1 takes its xid, J's new v2 commits, T1 appends v3.
-    let mut t1 = pool.begin().await.unwrap();
-    sqlx::query("SELECT pg_current_xact_id()")
-        .execute(&mut *t1)
-        .await
-        .unwrap();
-    db.ledger.observe(j, None, "a", json!({}), "w").await.unwrap();
-    db.ledger
-        .observe_in(&mut t1, j, None, "b", json!({}), "w")
-        .await
-        .unwrap();
-    t1.commit().await.unwrap();
-
-    let met = reader.read(at_v1, 1).await.unwrap();
-    let stranger = LogReader::source(pool.clone());
-    let fresh_read = stranger.read(at_v1, 1).await.unwrap();
-    assert_eq!(versions(&fresh_read.events), vec![(j, 2), (j, 3)]);
-    assert_eq!(versions(&met.events), vec![(j, 2), (j, 3)], "v2 early, then v3");
 }
 
-/// Loads `public.kept_events` into the log in place of what it holds,
-/// around the append-only triggers.
-async fn load_kept_events(pool: &sqlx::PgPool) {
-    let mut repair = pool.acquire().await.unwrap();
-    for sql in [
-        "SET session_replication_role = replica",
-        "TRUNCATE jobledger.events",
-        "INSERT INTO jobledger.events OVERRIDING SYSTEM VALUE SELECT * FROM public.kept_events",
-        "RESET session_replication_role",
-    ] {
-        sqlx::query(sql).execute(&mut *repair).await.unwrap();
-    }
-}
-
-/// A hook that loads the kept events at each of its first `times` calls,
-/// and counts its calls.
-fn replacing_hook(pool: &sqlx::PgPool, times: usize) -> (ReaderHooks, Arc<AtomicUsize>) {
+/// A gate before a read's lookups that runs `f` with the number of calls
+/// before it, and counts the calls.
+fn counted_hook<F>(f: F) -> (ReaderHooks, Arc<AtomicUsize>)
+where
+    F: Fn(usize) -> jobledger::worker::BoxFuture<()> + Send + Sync + 'static,
+{
     let calls = Arc::new(AtomicUsize::new(0));
-    let (pool, counted) = (pool.clone(), calls.clone());
-    let hook = move || {
-        let (pool, n) = (pool.clone(), counted.fetch_add(1, Ordering::SeqCst));
-        Box::pin(async move {
-            if n < times {
-                load_kept_events(&pool).await;
-            }
-        }) as jobledger::worker::BoxFuture<()>
-    };
+    let counted = calls.clone();
+    let hook = move || f(counted.fetch_add(1, Ordering::SeqCst));
     let hooks = ReaderHooks {
         before_lookups: Some(Arc::new(hook)),
     };
     (hooks, calls)
+}
+
+/// A gate that loads the kept events at each of its first `times` calls.
+fn replacing_hook(pool: &sqlx::PgPool, times: usize) -> (ReaderHooks, Arc<AtomicUsize>) {
+    let pool = pool.clone();
+    counted_hook(move |n| {
+        let pool = pool.clone();
+        Box::pin(async move {
+            if n < times {
+                load_kept(&pool, false).await;
+            }
+        })
+    })
 }
 
 /// The log replaced between a read's batch and its lookups: the batch
@@ -277,32 +273,12 @@ async fn a_log_replaced_between_a_batch_and_its_lookups_is_read_again() {
     let db = fresh().await;
     let pool = db.ledger.pool();
     let j = db.enqueue(None, json!({})).await.job_id;
-    let (txid, position): (i64, i64) =
-        sqlx::query_as("SELECT txid::text::bigint, position FROM jobledger.events WHERE job_id = $1")
-            .bind(j)
-            .fetch_one(pool)
-            .await
-            .unwrap();
-    let at_v1 = Checkpoint { txid, position };
-    // Trap 2 on J: T1 takes its xid, J v2 commits, T1 appends v3.
-    let mut t1 = pool.begin().await.unwrap();
-    sqlx::query("SELECT pg_current_xact_id()")
-        .execute(&mut *t1)
-        .await
-        .unwrap();
-    db.ledger.observe(j, None, "a", json!({}), "w").await.unwrap();
-    db.ledger
-        .observe_in(&mut t1, j, None, "b", json!({}), "w")
-        .await
-        .unwrap();
-    t1.commit().await.unwrap();
+    let at_v1 = place(pool, j, 1).await;
+    small_xid_trap(&db, j).await;
     // The new log: J v2's row becomes K v1, in T1's transaction, before
     // J v3.
     let k = Uuid::new_v4();
-    sqlx::query("CREATE TABLE public.kept_events AS SELECT * FROM jobledger.events")
-        .execute(pool)
-        .await
-        .unwrap();
+    keep(pool, &["events"]).await;
     sqlx::query(
         "UPDATE public.kept_events SET job_id = $2, version = 1, epoch = epoch + 1000000, \
          txid = (SELECT txid FROM jobledger.events WHERE job_id = $1 AND version = 3) \
@@ -334,7 +310,7 @@ async fn a_log_replaced_between_a_batch_and_its_lookups_is_read_again() {
     .unwrap();
     let (hooks, calls) = replacing_hook(pool, usize::MAX);
     let reader = LogReader::source(pool.clone()).with_hooks(hooks);
-    load_kept_events(pool).await;
+    load_kept(pool, false).await;
     let err = reader.read(at_v1, 1).await.unwrap_err();
     assert!(matches!(err, LedgerError::LogReplaced(3)), "{err}");
     assert_eq!(calls.load(Ordering::SeqCst), 3);
@@ -351,30 +327,10 @@ async fn a_clones_memory_of_another_history_spares_no_lookup() {
     let db = fresh().await;
     let pool = db.ledger.pool();
     let j = db.enqueue(None, json!({})).await.job_id;
-    let (txid, position): (i64, i64) =
-        sqlx::query_as("SELECT txid::text::bigint, position FROM jobledger.events WHERE job_id = $1")
-            .bind(j)
-            .fetch_one(pool)
-            .await
-            .unwrap();
-    let at_v1 = Checkpoint { txid, position };
-    // Trap 2 on J: T1 takes its xid, J v2 commits, T1 appends v3.
-    let mut t1 = pool.begin().await.unwrap();
-    sqlx::query("SELECT pg_current_xact_id()")
-        .execute(&mut *t1)
-        .await
-        .unwrap();
-    db.ledger.observe(j, None, "a", json!({}), "w").await.unwrap();
-    db.ledger
-        .observe_in(&mut t1, j, None, "b", json!({}), "w")
-        .await
-        .unwrap();
-    t1.commit().await.unwrap();
+    let at_v1 = place(pool, j, 1).await;
+    small_xid_trap(&db, j).await;
     // The new log: J v2 in v1's transaction, before A's end.
-    sqlx::query("CREATE TABLE public.kept_events AS SELECT * FROM jobledger.events")
-        .execute(pool)
-        .await
-        .unwrap();
+    keep(pool, &["events"]).await;
     sqlx::query(
         "UPDATE public.kept_events \
          SET txid = (SELECT txid FROM jobledger.events WHERE job_id = $1 AND version = 1) \
@@ -387,22 +343,16 @@ async fn a_clones_memory_of_another_history_spares_no_lookup() {
 
     let r = LogReader::source(pool.clone());
     let (hook_pool, hook_r) = (pool.clone(), r.clone());
-    let calls = Arc::new(AtomicUsize::new(0));
-    let counted = calls.clone();
-    let hook = move || {
+    let (hooks, calls) = counted_hook(move |n| {
         let (pool, r) = (hook_pool.clone(), hook_r.clone());
-        let n = counted.fetch_add(1, Ordering::SeqCst);
         Box::pin(async move {
             if n == 0 {
-                load_kept_events(&pool).await;
+                load_kept(&pool, false).await;
                 let met = r.read(Checkpoint::default(), 2).await.unwrap();
                 assert_eq!(versions(&met.events), vec![(j, 1), (j, 2)]);
             }
-        }) as jobledger::worker::BoxFuture<()>
-    };
-    let hooks = ReaderHooks {
-        before_lookups: Some(Arc::new(hook)),
-    };
+        })
+    });
     let a = r.clone().with_hooks(hooks);
     let got = a.read(at_v1, 1).await.unwrap();
     assert_eq!(versions(&got.events), vec![(j, 2)], "the new log's batch");
